@@ -1,0 +1,37 @@
+# Each target creates the virtual environment it needs. DEVICE=cuda installs fbgemm-gpu.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEVICE ?= cpu
+STAMP := $(VENV)/.installed-$(DEVICE)
+
+.PHONY: venv test demo bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if [ "$(DEVICE)" = "cuda" ]; then \
+	  sed 's/^fbgemm-gpu-cpu==/fbgemm-gpu==/' requirements.txt > $(VENV)/requirements.txt; \
+	else cp requirements.txt $(VENV)/requirements.txt; fi
+	$(PY) -m pip install -q -r $(VENV)/requirements.txt
+	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	mkdir -p out/demo
+	$(VENV)/bin/dlrm-scale plan configs/tiny.yaml --out out/demo/plan.json --plot out/demo/plan.png
+	$(VENV)/bin/torchrun --nproc_per_node 2 -m dlrm_scale.train --config configs/tiny.yaml \
+	  --plan out/demo/plan.json --steps 3000 --eval-every 1000 --out-dir out/demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/planner_bench.py
+	$(PY) benchmarks/train_bench.py
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,132 @@
+"""`dlrm-scale` command line: plan | train.
+
+Errors a user can cause end in one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from planner.config import GIB, load_problem
+from planner.errors import ConfigError, PlannerError
+from planner.plan import Plan
+from planner.planning import make_plan
+from planner.report import format_plan, plot_plan
+from planner.solver import SolverConfig
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="shard embedding tables over a cluster and write a plan JSON")
+    p.add_argument("config", nargs="?", help="YAML config (tables, cluster, training)")
+    p.add_argument("--tables", help="CSV: name,num_embeddings,embedding_dim,pooling_factor")
+    p.add_argument("--hardware", help="hardware profile name under configs/hardware, or a .yaml path")
+    p.add_argument("--world-size", type=int)
+    p.add_argument("--ranks-per-node", type=int)
+    p.add_argument("--hbm-gb", type=float, help="HBM per rank given to embeddings, GiB")
+    p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--device", choices=["cuda", "cpu"])
+    p.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, seconds (default 10)")
+    p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
+    p.add_argument("--out", required=True, help="plan JSON to write")
+    p.add_argument("--plot", help="PNG of per-rank cost and memory")
+    p.add_argument("--compare", choices=["torchrec"], help="also run TorchRec's planner and compare")
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="start torchrun with dlrm_scale.train (other flags pass through)")
+    p.add_argument("--nproc-per-node", type=int, default=2)
+    p.add_argument("--nnodes", default="1", help="torchrun --nnodes, e.g. 2 or 1:4 for elastic")
+    p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous for multi-node jobs")
+    p.add_argument("--rdzv-id", default="dlrm-scale")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    if args.config is None and args.tables is None:
+        raise ConfigError("nothing to plan: give a CONFIG.yaml or --tables FILE.csv")
+    cluster = {}
+    if args.world_size is not None:
+        cluster["world_size"] = args.world_size
+    if args.ranks_per_node is not None:
+        cluster["ranks_per_node"] = args.ranks_per_node
+    if args.hbm_gb is not None:
+        cluster["hbm_bytes_per_rank"] = int(args.hbm_gb * GIB)
+    if args.device is not None:
+        cluster["device"] = args.device
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
+    if args.config is None and not args.batch_size:
+        training["batch_size_per_rank"] = 512
+    problem = load_problem(args.config, args.tables, args.hardware, cluster, training)
+    solver = SolverConfig(time_limit_s=args.time_limit)
+    cost_model = None
+    if args.cost_model == "torchrec":
+        from dlrm_scale.torchrec_cost import TorchRecCostModel
+
+        cost_model = TorchRecCostModel(problem)
+    start = time.perf_counter()
+    plan = make_plan(problem, cost_model, solver)
+    seconds = time.perf_counter() - start
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise ConfigError(f"output folder {out.parent} does not exist; create it or choose another --out")
+    plan.save(out)
+    print(format_plan(plan))
+    print(f"planned in {seconds:.2f}s; wrote {out}")
+    if args.plot:
+        plot_plan(plan, args.plot)
+        print(f"wrote {args.plot}")
+    if args.compare:
+        print(compare_with_torchrec(problem, plan, seconds))
+    return 0
+
+
+def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
+    """Both plans' busiest rank under both cost models, and both planning times."""
+    from dlrm_scale.torchrec_cost import TorchRecCostModel, torchrec_planner_plan
+    from planner.cost_model import AnalyticCostModel
+    from planner.scoring import rank_times_ms
+
+    theirs, their_seconds = torchrec_planner_plan(problem)
+    models = (AnalyticCostModel(problem.cluster, problem.training), TorchRecCostModel(problem))
+    rows = [
+        (name, seconds, *(rank_times_ms(p, problem, m).max() for m in models))
+        for name, p, seconds in (("dlrm-scale", plan, our_seconds), ("torchrec", theirs, their_seconds))
+    ]
+    lines = [f"{'planner':<12} {'plan s':>8} {'ours ms':>10} {'torchrec ms':>12}"]
+    lines += [f"{name:<12} {s:>8.2f} {a:>10.4f} {b:>12.4f}" for name, s, a, b in rows]
+    return "\n".join(lines)
+
+
+def run_train(args: argparse.Namespace, rest: list[str]) -> int:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    cmd = [torchrun, f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
+    if args.rdzv_endpoint:
+        cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={args.rdzv_endpoint}", f"--rdzv_id={args.rdzv_id}"]
+    cmd += ["-m", "dlrm_scale.train", *rest]
+    return subprocess.call(cmd, env=os.environ.copy())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dlrm-scale", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_plan_parser(sub)
+    add_train_parser(sub)
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.command == "train":
+            return run_train(args, rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return run_plan(args)
+    except PlannerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

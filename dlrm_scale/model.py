@@ -1,0 +1,70 @@
+"""DLRM and DLRM-DCNv2 from TorchRec's modules, with embedding tables on the meta device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from dlrm_scale.data import feature_name
+from planner.errors import ConfigError
+from planner.specs import TableSpec
+
+ARCHS = ("dlrm", "dcnv2")
+# Where DistributedModelParallel finds the embedding collection inside DLRMTrain.
+EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "dlrm"
+    num_dense_features: int = 13
+    dense_arch: tuple[int, ...] = (512, 256, 64)
+    over_arch: tuple[int, ...] = (512, 256, 1)
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConfigError(f"model: arch {self.arch!r} is not one of {', '.join(ARCHS)}")
+        if self.num_dense_features <= 0:
+            raise ConfigError("model: num_dense_features must be positive")
+        if not self.dense_arch or not self.over_arch or any(x <= 0 for x in (*self.dense_arch, *self.over_arch)):
+            raise ConfigError("model: dense_arch and over_arch need positive layer sizes")
+        if self.over_arch[-1] != 1:
+            raise ConfigError(f"model: over_arch must end in 1 (one logit), got {list(self.over_arch)}")
+        object.__setattr__(self, "dense_arch", tuple(self.dense_arch))
+        object.__setattr__(self, "over_arch", tuple(self.over_arch))
+
+
+def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings, feature_names=[feature_name(t.name)]
+        )
+        for t in tables
+    ]
+
+
+def build_model(tables: Sequence[TableSpec], config: ModelConfig, device: torch.device) -> DLRMTrain:
+    """DLRM's dense arch must end in the embedding dimension, which must be shared by all tables."""
+    dims = {t.embedding_dim for t in tables}
+    if len(dims) != 1:
+        raise ConfigError(f"model: DLRM's interaction needs one embedding_dim for all tables, got {sorted(dims)}")
+    dim = dims.pop()
+    dense_arch = list(config.dense_arch)
+    if dense_arch[-1] != dim:
+        dense_arch.append(dim)  # the interaction needs the dense vector in embedding space
+    ebc = EmbeddingBagCollection(tables=embedding_configs(tables), device=torch.device("meta"))
+    if config.arch == "dlrm":
+        dlrm = DLRM(ebc, config.num_dense_features, dense_arch, list(config.over_arch), dense_device=device)
+    else:
+        dlrm = DLRM_DCN(
+            ebc, config.num_dense_features, dense_arch, list(config.over_arch),
+            dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, dense_device=device,
+        )
+    return DLRMTrain(dlrm)

@@ -1,0 +1,30 @@
+"""TorchRec sharders with every scheme enabled on CPU.
+
+TorchRec's EmbeddingBagCollectionSharder offers only data_parallel, table_wise, column_wise
+and table_column_wise on CPU, though row_wise, table_row_wise and grid_shard run on gloo too.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.types import ShardingType
+
+ALL_SHARDING_TYPES = [
+    ShardingType.DATA_PARALLEL.value,
+    ShardingType.TABLE_WISE.value,
+    ShardingType.COLUMN_WISE.value,
+    ShardingType.TABLE_COLUMN_WISE.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+]
+
+
+class WideEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """EmbeddingBagCollectionSharder whose CPU sharding types include the row-wise schemes."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        if compute_device_type == "cpu":
+            return list(ALL_SHARDING_TYPES)
+        return super().sharding_types(compute_device_type)

@@ -1,0 +1,68 @@
+"""Plan <-> TorchRec `ShardingPlan`: the only place that knows both formats."""
+
+from __future__ import annotations
+
+from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+from planner.plan import Plan, PlannedShard, TablePlan
+
+
+def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
+    ranks = table.ranks
+    if table.sharding_type == "data_parallel":
+        return ParameterSharding(sharding_type="data_parallel", compute_kernel=table.compute_kernel, ranks=ranks)
+    spec = EnumerableShardingSpec(
+        [
+            ShardMetadata(
+                shard_offsets=[s.row_offset, s.col_offset],
+                shard_sizes=[s.rows, s.cols],
+                placement=f"rank:{s.rank}/{device}",
+            )
+            for s in table.shards
+        ]
+    )
+    return ParameterSharding(
+        sharding_type=table.sharding_type, compute_kernel=table.compute_kernel, ranks=ranks, sharding_spec=spec
+    )
+
+
+def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "") -> ShardingPlan:
+    """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g. "model.sparse_arch.embedding_bag_collection")."""
+    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device) for name, t in plan.tables.items()})
+    return ShardingPlan({module_path: per_table})
+
+
+def shard_tier(compute_kernel: str, device: str) -> str:
+    """The tier TorchRec's kernels keep a shard's rows in."""
+    if compute_kernel == "key_value":
+        return "ssd"
+    if compute_kernel.startswith("fused_uvm") or device == "cpu":
+        return "ddr"
+    return "hbm"
+
+
+def from_sharding_plan(
+    sharding_plan: ShardingPlan,
+    shapes: dict[str, tuple[int, int]],
+    world_size: int,
+    ranks_per_node: int,
+    device: str,
+    module_path: str = "",
+) -> Plan:
+    """Our plan's table section from TorchRec's plan (rank costs are not part of a ShardingPlan)."""
+    tables = {}
+    for name, ps in sharding_plan.plan[module_path].items():
+        rows, cols = shapes[name]
+        tier = shard_tier(ps.compute_kernel, device)
+        if ps.sharding_spec is None:
+            shards = [PlannedShard(r, 0, 0, rows, cols, tier) for r in ps.ranks]
+        else:
+            shards = [
+                PlannedShard(
+                    m.placement.rank(), m.shard_offsets[0], m.shard_offsets[1], m.shard_sizes[0], m.shard_sizes[1], tier
+                )
+                for m in ps.sharding_spec.shards
+            ]
+        tables[name] = TablePlan(ps.sharding_type, ps.compute_kernel, rows, cols, tuple(shards))
+    return Plan(world_size=world_size, ranks_per_node=ranks_per_node, tables=tables, ranks=(), max_rank_ms=0.0, lower_bound_ms=0.0)

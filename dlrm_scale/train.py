@@ -1,0 +1,203 @@
+"""Training entry point, launched with torchrun:
+
+    torchrun --nproc_per_node 2 -m dlrm_scale.train --config configs/tiny.yaml --steps 100
+
+Dense layers are data-parallel, embeddings model-parallel through TorchRec's
+DistributedModelParallel with the plan from `--plan` (or planned on rank 0 and broadcast).
+Embedding optimizers are fused into the backward pass (FBGEMM); input distribution of the
+next batch overlaps the current one (TrainPipelineSparseDist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from planner.config import read_yaml
+from planner.errors import ConfigError, PlanFormatError, PlannerError
+from planner.plan import Plan
+from planner.planning import make_plan
+from planner.specs import PRECISION_ELEMENT_BYTES, PlanningProblem
+from planner.config import load_problem
+from dlrm_scale.model import ModelConfig
+
+EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
+DENSE_OPTIMIZERS = ("adagrad", "sgd")
+# FBGEMM's fp8 codec fails on gloo and CPU tensors with a shape error (seen with fbgemm 1.8).
+UNSUPPORTED_PRECISIONS = {"fp8": "FBGEMM's fp8 comm codec fails with a shape error in 1.8; use fp16, bf16 or int8"}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    batch_size: int = 256  # per rank
+    embedding_lr: float = 0.05
+    dense_lr: float = 0.05
+    dense_optimizer: str = "adagrad"
+    warmup_steps: int = 0
+    decay_start_step: int = 0  # 0: no decay
+    decay_steps: int = 0
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 8
+    seed: int = 0
+    pipeline: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "log_every", "eval_batches"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train: {name} must be positive, got {getattr(self, name)}")
+        for name in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train: {name} must be >= 0, got {getattr(self, name)}")
+        if self.dense_optimizer not in DENSE_OPTIMIZERS:
+            raise ConfigError(f"train: dense_optimizer {self.dense_optimizer!r} is not one of {', '.join(DENSE_OPTIMIZERS)}")
+        if not (self.embedding_lr > 0 and self.dense_lr > 0):
+            raise ConfigError("train: learning rates must be > 0")
+
+    def lr_factor(self, step: int) -> float:
+        """MLPerf DLRM's schedule: linear warm-up, constant, then polynomial (power 2) decay."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.decay_steps and step >= self.decay_start_step:
+            done = min(step - self.decay_start_step, self.decay_steps)
+            return (1 - done / self.decay_steps) ** 2
+        return 1.0
+
+
+def parse_comm_precision(text: str) -> tuple[str, str]:
+    """'fwd=fp16,bwd=bf16' or 'fp16' (both directions)."""
+    parts = dict(p.split("=", 1) if "=" in p else ("both", p) for p in text.split(",") if p)
+    fwd = parts.get("fwd", parts.get("both", "fp32"))
+    bwd = parts.get("bwd", parts.get("both", "fp32"))
+    for p in (fwd, bwd):
+        if p not in PRECISION_ELEMENT_BYTES:
+            raise ConfigError(f"--comm-precision: {p!r} is not one of {', '.join(PRECISION_ELEMENT_BYTES)}")
+        if p in UNSUPPORTED_PRECISIONS:
+            raise ConfigError(f"--comm-precision: {p} is refused: {UNSUPPORTED_PRECISIONS[p]}")
+    return fwd, bwd
+
+
+def check_plan_matches(plan: Plan, problem: PlanningProblem, world_size: int) -> None:
+    if plan.world_size != world_size:
+        raise PlanFormatError(f"plan is for {plan.world_size} ranks but the job has {world_size}; re-plan with --world-size {world_size}")
+    for t in problem.tables:
+        tp = plan.tables.get(t.name)
+        if tp is None:
+            raise PlanFormatError(f"plan has no table '{t.name}'; re-plan for this config")
+        if (tp.num_embeddings, tp.embedding_dim) != (t.num_embeddings, t.embedding_dim):
+            raise PlanFormatError(
+                f"plan's table '{t.name}' is {tp.num_embeddings}x{tp.embedding_dim} but the model's is "
+                f"{t.num_embeddings}x{t.embedding_dim}; re-plan for this config"
+            )
+    extra = set(plan.tables) - set(problem.tables_by_name)
+    if extra:
+        raise PlanFormatError(f"plan has table '{sorted(extra)[0]}' that the model lacks; re-plan for this config")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dlrm_scale.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML config (tables, training, model, train sections)")
+    p.add_argument("--plan", help="plan JSON from 'dlrm-scale plan'; default: plan on rank 0 at start")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16 (fp32, fp16, bf16, int8)")
+    p.add_argument("--embedding-optimizer", choices=EMBEDDING_OPTIMIZERS)
+    p.add_argument("--data", choices=["synthetic"], default="synthetic")
+    p.add_argument("--out-dir", default="out/train")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--no-pipeline", action="store_true", help="plain forward/backward instead of TrainPipelineSparseDist")
+    return p.parse_args(argv)
+
+
+def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> TrainConfig:
+    from planner.config import check_keys
+
+    section = dict(doc.get("train", {}) or {})
+    check_keys(section, TrainConfig.__dataclass_fields__, "config: train")
+    config = TrainConfig(**{"batch_size": batch_size, **section})
+    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed),
+                                   ("eval_every", args.eval_every)) if v is not None}
+    if args.no_pipeline:
+        overrides["pipeline"] = False
+    return replace(config, **overrides)
+
+
+def init_distributed() -> tuple[int, int, torch.device]:
+    if "RANK" not in os.environ:
+        raise ConfigError("not started by torchrun: use 'torchrun --nproc_per_node N -m dlrm_scale.train ...' or 'dlrm-scale train'")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return rank, dist.get_world_size(), device
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from dlrm_scale.trainer import Trainer
+
+        args = parse_args(argv)
+        doc = read_yaml(Path(args.config), "config")
+        rank, world, device = init_distributed()
+        training_overrides = {}
+        if args.batch_size:
+            training_overrides["batch_size_per_rank"] = args.batch_size
+        if args.embedding_optimizer:
+            training_overrides["embedding_optimizer"] = args.embedding_optimizer
+        if args.comm_precision:
+            fwd, bwd = parse_comm_precision(args.comm_precision)
+            training_overrides.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        problem = load_problem(
+            args.config,
+            cluster_overrides={"world_size": world, "ranks_per_node": local, "device": device.type},
+            training_overrides=training_overrides,
+        )
+        parse_comm_precision(f"fwd={problem.training.fwd_comm_precision},bwd={problem.training.bwd_comm_precision}")
+        if problem.training.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+            raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(EMBEDDING_OPTIMIZERS)} to train")
+        model_section = dict(doc.get("model", {}) or {})
+        from planner.config import check_keys
+
+        check_keys(model_section, ModelConfig.__dataclass_fields__, "config: model")
+        model_config = ModelConfig(**model_section)
+        train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
+        plan = obtain_plan(args.plan, problem, rank, world)
+        out_dir = Path(args.out_dir)
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            plan.save(out_dir / "plan.json")
+        trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir)
+        trainer.run()
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except PlannerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def obtain_plan(path: str | None, problem: PlanningProblem, rank: int, world: int) -> Plan:
+    """The given plan, validated against the model; or one made on rank 0 and broadcast."""
+    if path:
+        plan = Plan.load(path)
+    else:
+        box = [make_plan(problem).to_dict() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        plan = Plan.from_dict(box[0], source="broadcast plan")
+    check_plan_matches(plan, problem, world)
+    return plan
+
+
+if __name__ == "__main__":
+    sys.exit(main())

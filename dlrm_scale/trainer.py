@@ -1,0 +1,152 @@
+"""The training loop: DMP over our plan, fused embedding optimizers, pipeline, metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torchmetrics.functional.classification import binary_auroc
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from dlrm_scale.data import SyntheticData
+from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
+from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
+from dlrm_scale.sharding import to_sharding_plan
+from planner.comm_volume import embedding_comm_bytes
+from planner.plan import Plan
+from planner.specs import PlanningProblem
+
+COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16, "int8": CommType.INT8}
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def embedding_optimizer(name: str):
+    return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
+
+
+def sharder_for(fwd: str, bwd: str) -> WideEmbeddingBagCollectionSharder:
+    registry = None
+    if (fwd, bwd) != ("fp32", "fp32"):
+        registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=COMM_TYPES[fwd], backward_precision=COMM_TYPES[bwd]))
+    return WideEmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+
+
+def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device):
+    model = build_model(problem.tables, model_config, device)
+    optimizer_cls = embedding_optimizer(problem.training.embedding_optimizer)
+    apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), {"lr": lr})
+    tr = problem.training
+    return DistributedModelParallel(
+        model,
+        device=device,
+        plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH),
+        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision)],
+    )
+
+
+class Trainer:
+    def __init__(self, problem, plan, model_config, config, device, rank, world, out_dir: Path) -> None:
+        self.problem, self.plan, self.config = problem, plan, config
+        self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
+        torch.manual_seed(config.seed)
+        self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device)
+        dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
+        dense = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(self.model.named_parameters())),
+            lambda params: dense_cls(params, lr=config.dense_lr),
+        )
+        self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        nd = model_config.num_dense_features
+        self.data = SyntheticData(problem.tables, nd, config.batch_size, config.seed, rank)
+        self.eval_data = SyntheticData(problem.tables, nd, config.batch_size, config.seed + EVAL_SEED_OFFSET, rank)
+        tr = problem.training
+        self.comm_bytes = embedding_comm_bytes(plan, config.batch_size, tr.fwd_comm_precision, tr.bwd_comm_precision)
+        self.comm_bytes_fp32 = embedding_comm_bytes(plan, config.batch_size, "fp32", "fp32")
+        self.metrics = open(out_dir / "metrics.jsonl", "a") if rank == 0 else None
+
+    def log(self, record: dict) -> None:
+        if self.metrics:
+            self.metrics.write(json.dumps(record) + "\n")
+            self.metrics.flush()
+
+    def set_lr(self, step: int) -> None:
+        factor = self.config.lr_factor(step)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
+
+    def run(self) -> None:
+        cfg = self.config
+        self.model.train()
+        batches = self.data.batches(0, cfg.steps)
+        pipeline = TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.pipeline else None
+        window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+        for step in range(cfg.steps):
+            self.set_lr(step)
+            if pipeline is not None:
+                loss = pipeline.progress(batches)[0]  # DLRMTrain's (loss, logits, labels), detached
+            else:
+                batch = next(batches).to(self.device)
+                loss, _ = self.model(batch)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+            window_loss += float(loss.detach())
+            window_n += 1
+            last = step == cfg.steps - 1
+            if (step + 1) % cfg.log_every == 0 or last:
+                elapsed = time.perf_counter() - window_start
+                stats = torch.tensor([window_loss / window_n])
+                dist.all_reduce(stats)
+                loss_mean = float(stats[0]) / self.world
+                if not math.isfinite(loss_mean):
+                    raise FloatingPointError(f"loss is {loss_mean} at step {step}")
+                samples_per_s = window_n * cfg.batch_size * self.world / elapsed
+                self.log({
+                    "step": step + 1, "loss": loss_mean, "samples_per_s": samples_per_s,
+                    "comm_bytes": int(self.comm_bytes.max()), "comm_bytes_fp32": int(self.comm_bytes_fp32.max()),
+                })
+                if self.rank == 0:
+                    print(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s", flush=True)
+                window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
+                if pipeline is not None:
+                    pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
+                self.evaluate(step + 1)
+                self.model.train()
+                if pipeline is not None and not last:
+                    pipeline.attach()
+                window_start = time.perf_counter()
+        if self.metrics:
+            self.metrics.close()
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict:
+        self.model.eval()
+        logits, labels = [], []
+        for batch in self.eval_data.batches(0, self.config.eval_batches):
+            _, (_, lg, lb) = self.model(batch.to(self.device))
+            logits.append(lg.float().cpu())
+            labels.append(lb.float().cpu())
+        local = torch.stack([torch.cat(logits), torch.cat(labels)])
+        gathered = [torch.empty_like(local) for _ in range(self.world)]
+        dist.all_gather(gathered, local)
+        all_ = torch.cat(gathered, dim=1)
+        probs = torch.sigmoid(all_[0])
+        auc = float(binary_auroc(probs, all_[1].long()))
+        logloss = float(torch.nn.functional.binary_cross_entropy(probs.clamp(1e-7, 1 - 1e-7), all_[1]))
+        record = {"step": step, "auc": auc, "logloss": logloss}
+        self.log(record)
+        if self.rank == 0:
+            print(f"eval at step {step}: AUC {auc:.4f} logloss {logloss:.4f}", flush=True)
+        return record

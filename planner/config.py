@@ -1,0 +1,215 @@
+"""Loading specs from YAML configs, hardware profiles and table CSVs, with one-line errors.
+
+A config may hold sections that other parts of dlrm-scale own (`model`, `data`, `train`);
+the planner reads `hardware`, `cluster`, `training`, `tables` and `tables_csv`, and rejects
+unknown keys in them with the closest valid spelling.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from planner.errors import ConfigError
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+HARDWARE_DIR = CONFIG_DIR / "hardware"
+DEFAULT_HARDWARE = "a100_zionex"
+GIB = 1024**3
+
+TOP_LEVEL_KEYS = ("hardware", "cluster", "training", "tables", "tables_csv", "model", "data", "train", "tiering", "reliability")
+TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
+# Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
+PROFILE_KEYS = {
+    "name": "name",
+    "device": "device",
+    "ranks_per_node": "ranks_per_node",
+    "num_nodes": "num_nodes",
+    "world_size": None,
+    "hbm_gib_per_rank": "hbm_bytes_per_rank",
+    "ddr_gib_per_node": "ddr_bytes_per_node",
+    "ssd_gib_per_node": "ssd_bytes_per_node",
+    "hbm_gb_per_s": "hbm_gb_per_s",
+    "ddr_gb_per_s": "ddr_gb_per_s",
+    "ssd_gb_per_s": "ssd_gb_per_s",
+    "intra_node_gb_per_s": "intra_node_gb_per_s",
+    "inter_node_gb_per_s": "inter_node_gb_per_s",
+    "kernel_launch_ms": "kernel_launch_ms",
+    "collective_latency_ms": "collective_latency_ms",
+    "source": None,
+}
+TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))
+
+
+def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
+    allowed = list(allowed)
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
+            raise ConfigError(f"{where}: unknown key '{key}'; {hint}")
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; check the path") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{what} {path} is not valid YAML{at}; fix the syntax there") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{what} {path} must be a mapping of keys to values, not a {type(doc).__name__}")
+    return doc
+
+
+def hardware_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        return path
+    candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not candidate.exists():
+        known = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown hardware profile '{name_or_path}'; use one of {', '.join(known)} or a .yaml path")
+    return candidate
+
+
+def cluster_fields(section: dict[str, Any], where: str) -> dict[str, Any]:
+    """Translate profile-style keys (GiB, world_size) into ClusterSpec fields."""
+    check_keys(section, PROFILE_KEYS, where)
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        target = PROFILE_KEYS[key]
+        if target is None:
+            continue
+        if key.endswith("_gib_per_rank") or key.endswith("_gib_per_node"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{where}: '{key}' must be a non-negative number of GiB, got {value!r}")
+            value = int(value * GIB)
+        out[target] = value
+    if "world_size" in section:
+        out["world_size"] = section["world_size"]
+    return out
+
+
+def build_cluster(profile: dict[str, Any], overrides: dict[str, Any]) -> ClusterSpec:
+    merged = {**profile, **overrides}
+    world = merged.pop("world_size", None)
+    if world is not None:
+        if not isinstance(world, int) or isinstance(world, bool) or world <= 0:
+            raise ConfigError(f"cluster: world_size must be a positive integer, got {world!r}")
+        local = merged.get("ranks_per_node", world)
+        if world < local:
+            local = world  # fewer ranks than one node holds: a single partial node
+            merged["ranks_per_node"] = local
+        if world % local:
+            raise ConfigError(f"cluster: world_size {world} is not a multiple of ranks_per_node {local}; change either")
+        merged["num_nodes"] = world // local
+    merged.setdefault("num_nodes", 1)
+    merged.setdefault("hbm_bytes_per_rank", 0)
+    merged.setdefault("ddr_bytes_per_node", 0)
+    merged.setdefault("ssd_bytes_per_node", 0)
+    missing = [f.name for f in fields(ClusterSpec) if f.name not in merged and f.default is MISSING]
+    if missing:
+        raise ConfigError(f"cluster: the hardware profile lacks {', '.join(missing)}; add them to the profile")
+    return ClusterSpec(**merged)
+
+
+def load_tables_csv(path: str | Path) -> list[TableSpec]:
+    """Tables from a CSV with header name,num_embeddings,embedding_dim,pooling_factor[,zipf_exponent]."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"table file {path} does not exist; check the --tables path") from None
+    reader = csv.DictReader(text.splitlines())
+    required = ("name", "num_embeddings", "embedding_dim")
+    header = reader.fieldnames or []
+    missing = [k for k in required if k not in header]
+    if missing:
+        raise ConfigError(f"table file {path}: header lacks {', '.join(missing)}; expected {','.join(TABLE_KEYS[:4])}")
+    check_keys(header, TABLE_KEYS, f"table file {path}")
+    tables = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            tables.append(
+                TableSpec(
+                    name=row["name"].strip(),
+                    num_embeddings=int(row["num_embeddings"]),
+                    embedding_dim=int(row["embedding_dim"]),
+                    pooling_factor=float(row.get("pooling_factor") or 1.0),
+                    zipf_exponent=float(row["zipf_exponent"]) if row.get("zipf_exponent") else None,
+                )
+            )
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"table file {path}, line {line}: {e}; fix the numbers on that line") from None
+    return tables
+
+
+def tables_from_config(entries: Any, where: str) -> list[TableSpec]:
+    if not isinstance(entries, list):
+        raise ConfigError(f"{where}: 'tables' must be a list of tables")
+    tables = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: tables[{i}] must be a mapping with name, num_embeddings, embedding_dim")
+        check_keys(entry, TABLE_KEYS, f"{where}: tables[{i}]")
+        try:
+            tables.append(TableSpec(**entry))
+        except TypeError as e:
+            raise ConfigError(f"{where}: tables[{i}]: {e}") from None
+    return tables
+
+
+def load_problem(
+    config_path: str | Path | None = None,
+    tables_csv: str | Path | None = None,
+    hardware: str | None = None,
+    cluster_overrides: dict[str, Any] | None = None,
+    training_overrides: dict[str, Any] | None = None,
+) -> PlanningProblem:
+    """Specs from a config file (optional), a table CSV (optional) and flag overrides.
+
+    Precedence: flags over the config's sections over the hardware profile.
+    """
+    config: dict[str, Any] = {}
+    where = "flags"
+    if config_path is not None:
+        config_path = Path(config_path)
+        config = read_yaml(config_path, "config")
+        where = f"config {config_path}"
+        check_keys(config, TOP_LEVEL_KEYS, where)
+    profile_name = hardware or config.get("hardware", DEFAULT_HARDWARE)
+    profile_file = hardware_path(str(profile_name))
+    profile = cluster_fields(read_yaml(profile_file, "hardware profile"), f"hardware profile {profile_file}")
+    cluster_section = config.get("cluster", {}) or {}
+    cluster = build_cluster(
+        profile, {**cluster_fields(cluster_section, f"{where}: cluster"), **(cluster_overrides or {})}
+    )
+
+    training_section = dict(config.get("training", {}) or {})
+    check_keys(training_section, TRAINING_KEYS, f"{where}: training")
+    training_section.update(training_overrides or {})
+    if "batch_size_per_rank" not in training_section:
+        raise ConfigError(f"{where}: no batch size; set training.batch_size_per_rank or pass --batch-size")
+    training = TrainingSpec(**training_section)
+
+    if tables_csv is not None:
+        tables = load_tables_csv(tables_csv)
+    elif "tables_csv" in config:
+        base = Path(config_path).parent if config_path else Path.cwd()
+        tables = load_tables_csv(base / config["tables_csv"])
+    elif "tables" in config:
+        tables = tables_from_config(config["tables"], where)
+    else:
+        raise ConfigError(f"{where}: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv")
+    return PlanningProblem(tuple(tables), cluster, training)

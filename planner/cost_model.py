@@ -1,0 +1,207 @@
+"""The planner's cost model: time per step and bytes per tier of every shard.
+
+Each formula is written once, here, with its assumptions. Times are in milliseconds,
+sizes in bytes, bandwidths in GB/s (1e9 bytes per second, one direction, per rank).
+
+Notation: W ranks in all, L per node, b samples per rank, B = b * W samples per step,
+p ids per sample (pooling factor), r and c the rows and columns a shard holds.
+
+`CostModel` is the interface the solver consumes; `AnalyticCostModel` implements it from
+a hardware profile. dlrm_scale.torchrec_cost implements it from TorchRec's estimators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from planner.specs import (
+    OPTIMIZER_STATE,
+    PRECISION_ELEMENT_BYTES,
+    PRECISION_ROW_OVERHEAD_BYTES,
+    ClusterSpec,
+    TableSpec,
+    TrainingSpec,
+)
+from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+
+WEIGHT_BYTES = 4  # fp32 embedding weights
+ID_BYTES = 8  # int64 ids in the input all-to-all
+
+
+@dataclass(frozen=True)
+class OptionRequest:
+    """A sharding option to be costed: the table, scheme, kernel, tier and shard blocks."""
+
+    table: TableSpec
+    sharding_type: ShardingType
+    compute_kernel: str
+    tier: str
+    geometries: tuple[ShardGeometry, ...]
+
+
+class CostModel(Protocol):
+    """Anything that turns option requests into costed options, in the same order."""
+
+    name: str
+
+    def estimate(self, requests: Sequence[OptionRequest]) -> list[ShardingOption]: ...
+
+
+def transfer_ms(num_bytes: float, gb_per_s: float) -> float:
+    """Time to move `num_bytes` at a sustained `gb_per_s`. Assumes the link is saturated."""
+    return num_bytes / (gb_per_s * 1e6)
+
+
+def row_comm_bytes(num_rows: float, cols: int, precision: str) -> float:
+    """Bytes of `num_rows` embedding rows of width `cols` encoded at `precision`.
+
+    Quantized codecs carry a per-row overhead (int8: fp32 scale and bias; fp8: one scale).
+    """
+    return num_rows * (cols * PRECISION_ELEMENT_BYTES[precision] + PRECISION_ROW_OVERHEAD_BYTES[precision])
+
+
+def optimizer_state_bytes(rows: int, cols: int, optimizer: str) -> int:
+    """Optimizer state of a block of rows x cols, in fp32 (see specs.OPTIMIZER_STATE)."""
+    per_weight, per_row = OPTIMIZER_STATE[optimizer]
+    return 4 * (per_weight * rows * cols + per_row * rows)
+
+
+def lookup_fwd_ms(num_lookups: float, cols: int, tier_gb_per_s: float, launch_ms: float) -> float:
+    """Forward pooled lookup: each id reads one row of `cols` fp32 weights from its tier.
+
+    Assumes the kernel is bound by the tier's bandwidth (rows are scattered, so no reuse
+    across ids is credited) plus a fixed launch cost per shard.
+    """
+    return transfer_ms(num_lookups * cols * WEIGHT_BYTES, tier_gb_per_s) + launch_ms
+
+
+def lookup_bwd_ms(num_lookups: float, cols: int, optimizer: str, tier_gb_per_s: float, launch_ms: float) -> float:
+    """Backward with the optimizer fused in: per id, read and write the row and its state.
+
+    Assumes every looked-up row is read and written once per id (duplicates not merged),
+    so twice the forward's row bytes plus twice the per-row optimizer state.
+    """
+    state_row_bytes = optimizer_state_bytes(1, cols, optimizer)
+    bytes_touched = num_lookups * 2 * (cols * WEIGHT_BYTES + state_row_bytes)
+    return transfer_ms(bytes_touched, tier_gb_per_s) + launch_ms
+
+
+def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float) -> float:
+    """Optimizer step of a data-parallel replica: every row and its state read and written."""
+    return transfer_ms(2 * (rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer)), tier_gb_per_s)
+
+
+def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
+    """All-to-all where one rank sends `bytes_out` spread evenly over all W ranks.
+
+    The (L-1)/W share for the node's other ranks crosses the intra-node link, the (W-L)/W
+    share the inter-node link; both links work at once, so the slower one sets the time.
+    The 1/W share for the rank itself is free.
+    """
+    world, local = cluster.world_size, cluster.ranks_per_node
+    intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
+    inter = transfer_ms(bytes_out * (world - local) / world, cluster.inter_node_gb_per_s)
+    return max(intra, inter) + cluster.collective_latency_ms
+
+
+def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
+    """Bandwidth of a ring over a group of ranks: the inter-node link once it spans nodes."""
+    return cluster.intra_node_gb_per_s if group_size <= cluster.ranks_per_node else cluster.inter_node_gb_per_s
+
+
+def reduce_scatter_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
+    """Ring reduce-scatter (or its mirror, all-gather) of `bytes_in` per rank over a group.
+
+    Each rank sends (g-1)/g of its buffer over the ring's slowest link.
+    """
+    if group_size == 1:
+        return 0.0
+    link = ring_link_gb_per_s(group_size, cluster)
+    return transfer_ms(bytes_in * (group_size - 1) / group_size, link) + cluster.collective_latency_ms
+
+
+def all_reduce_ms(num_bytes: float, group_size: int, cluster: ClusterSpec) -> float:
+    """Ring all-reduce: a reduce-scatter then an all-gather, 2(g-1)/g of the buffer per rank."""
+    if group_size == 1:
+        return 0.0
+    link = ring_link_gb_per_s(group_size, cluster)
+    return transfer_ms(2 * num_bytes * (group_size - 1) / group_size, link) + cluster.collective_latency_ms
+
+
+def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
+    """Bytes a shard holds: fp32 weights, optimizer state, and its pooled output and gradient
+    buffers for the `samples` it serves per step."""
+    return rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer) + 2 * samples * cols * WEIGHT_BYTES
+
+
+class AnalyticCostModel:
+    """Costs from the formulas above and the constants of a hardware profile."""
+
+    name = "ours"
+
+    def __init__(self, cluster: ClusterSpec, training: TrainingSpec) -> None:
+        self.cluster = cluster
+        self.training = training
+
+    def estimate(self, requests: Sequence[OptionRequest]) -> list[ShardingOption]:
+        options = []
+        for req in requests:
+            cache: dict[ShardGeometry, ShardCost] = {}
+            shards = []
+            for g in req.geometries:
+                if g not in cache:  # RW and DP repeat the same block on many ranks
+                    cache[g] = ShardCost(g, self.shard_perf(req, g), self.shard_storage(req, g))
+                shards.append(cache[g])
+            options.append(
+                ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, tuple(shards))
+            )
+        return options
+
+    def shard_perf(self, req: OptionRequest, g: ShardGeometry) -> Perf:
+        cl, tr, table = self.cluster, self.training, req.table
+        world, local = cl.world_size, cl.ranks_per_node
+        local_batch = tr.batch_size_per_rank
+        global_batch = local_batch * world
+        pooling = table.pooling_factor
+        bw = cl.tier_gb_per_s(req.tier)
+        launch = cl.kernel_launch_ms
+        opt = tr.embedding_optimizer
+        fwd_p, bwd_p = tr.fwd_comm_precision, tr.bwd_comm_precision
+        st = req.sharding_type
+        if g.rows == 0:  # an empty trailing row block still joins the collectives
+            lookups = 0.0
+        elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            group = world if st is ShardingType.ROW_WISE else local
+            lookups = global_batch * pooling / group  # ids spread evenly over the row blocks
+        elif st is ShardingType.DATA_PARALLEL:
+            lookups = local_batch * pooling
+        else:
+            lookups = global_batch * pooling
+
+        fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch)
+        bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch)
+        if st is ShardingType.DATA_PARALLEL:
+            bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw)
+            grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
+            return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
+
+        ids_in = all_to_all_ms(lookups * ID_BYTES, cl)
+        if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+            group = world if st is ShardingType.ROW_WISE else local
+            fwd = reduce_scatter_ms(row_comm_bytes(global_batch, g.cols, fwd_p), group, cl)
+            bwd = reduce_scatter_ms(row_comm_bytes(global_batch, g.cols, bwd_p), group, cl)
+            if st is ShardingType.TABLE_ROW_WISE:  # then each rank's 1/L of the node's sums goes out
+                fwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, fwd_p), cl)
+                bwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, bwd_p), cl)
+            return Perf(fwd_compute, ids_in + fwd, bwd_compute, bwd)
+        fwd = all_to_all_ms(row_comm_bytes(global_batch, g.cols, fwd_p), cl)
+        bwd = all_to_all_ms(row_comm_bytes(global_batch, g.cols, bwd_p), cl)
+        return Perf(fwd_compute, ids_in + fwd, bwd_compute, bwd)
+
+    def shard_storage(self, req: OptionRequest, g: ShardGeometry) -> Storage:
+        samples = self.training.batch_size_per_rank * (
+            1 if req.sharding_type is ShardingType.DATA_PARALLEL else self.cluster.world_size
+        )
+        size = shard_storage_bytes(g.rows, g.cols, self.training.embedding_optimizer, samples)
+        return Storage(**{f"{req.tier}_bytes": size})

@@ -1,0 +1,254 @@
+"""OR-Tools CP-SAT models: the joint option-and-placement model for small instances, and a
+placement repair over a few ranks at a time (large-neighbourhood search) for large ones.
+
+Times are scaled to integers in units of `unit_ms`, rounded down, and bytes to KiB (demands
+rounded up, capacities down, so an integer-feasible answer is feasible in bytes too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.assignment import Assignment, RankLoads, rank_capacities
+from planner.specs import ClusterSpec
+from planner.types import TIERS, Placement, ShardingOption
+
+KIB = 1024
+
+
+def _ticks(ms: float, unit_ms: float) -> int:
+    """Rounded down: the model never overstates a cost, so its proven bound stays a bound."""
+    return int(ms // unit_ms)
+
+
+def _kib_up(num_bytes: int) -> int:
+    return -(-int(num_bytes) // KIB)
+
+
+def solver_parameters(max_deterministic_s: float, max_wall_s: float, seed: int) -> cp_model.CpSolver:
+    """One worker and a deterministic-time limit make the answer a function of the input;
+    the wall-clock limit is only a safety net on a slow or busy machine."""
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    solver.parameters.max_deterministic_time = max(0.01, max_deterministic_s)
+    solver.parameters.max_time_in_seconds = max(0.05, max_wall_s)
+    return solver
+
+
+def joint_model_size(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec) -> int:
+    """Booleans the joint model would need; decides between it and the repair search."""
+    w, n = cluster.world_size, cluster.num_nodes
+    size = 0
+    for options in options_by_table.values():
+        for o in options:
+            if o.placement in (Placement.ANY_RANK, Placement.ONE_NODE):
+                size += len(o.shards) * w + (n if o.placement is Placement.ONE_NODE else 0)
+            elif o.placement is Placement.NODE_RANKS:
+                size += n
+            size += 1
+    return size
+
+
+@dataclass(frozen=True)
+class JointResult:
+    assignment: Assignment
+    bound_ms: float
+    optimal: bool
+
+
+def solve_joint(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    cluster: ClusterSpec,
+    hint: Assignment,
+    unit_ms: float,
+    max_deterministic_s: float,
+    max_wall_s: float,
+    seed: int,
+) -> JointResult | None:
+    """Choose one option per table and a rank for every shard, minimising the busiest rank
+    under every rank's capacity in every tier. Returns None if no solution was found."""
+    world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
+    tiers = [t for t in TIERS if any(s.storage.of_tier(t) for opts in options_by_table.values() for o in opts for s in o.shards)]
+    caps = {t: cluster.capacity_bytes_per_rank(t) // KIB for t in tiers}
+    model = cp_model.CpModel()
+    load = [[] for _ in range(world)]  # (coefficient, literal) per rank
+    mem = {t: [[] for _ in range(world)] for t in tiers}
+    decode = []  # (table, option, choose, per-shard {rank: literal} or node literals)
+
+    def charge(rank: int, shard, lit) -> None:
+        load[rank].append((_ticks(shard.perf.total_ms, unit_ms), lit))
+        for t in tiers:
+            b = shard.storage.of_tier(t)
+            if b:
+                mem[t][rank].append((_kib_up(b), lit))
+
+    for table, options in options_by_table.items():
+        chooses = []
+        for k, o in enumerate(options):
+            choose = model.NewBoolVar(f"c[{table},{k}]")
+            chooses.append(choose)
+            if o.placement is Placement.EVERY_RANK:
+                for r, shard in enumerate(o.shards):
+                    charge(r, shard, choose)
+                decode.append((table, o, choose, None))
+            elif o.placement is Placement.NODE_RANKS:
+                at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+                model.Add(sum(at) == choose)
+                for n in range(nodes):
+                    for i, shard in enumerate(o.shards):
+                        charge(n * local + i, shard, at[n])
+                decode.append((table, o, choose, ("node", at)))
+            else:
+                on_node = None
+                if o.placement is Placement.ONE_NODE:
+                    on_node = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+                    model.Add(sum(on_node) == choose)
+                per_shard = []
+                for i, shard in enumerate(o.shards):
+                    x = [model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world)]
+                    model.Add(sum(x) == choose)
+                    for r in range(world):
+                        charge(r, shard, x[r])
+                        if on_node is not None:
+                            model.AddImplication(x[r], on_node[r // local])
+                    per_shard.append(x)
+                decode.append((table, o, choose, ("shards", per_shard)))
+        model.AddExactlyOne(chooses)
+
+    horizon = sum(max(_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
+    peak = model.NewIntVar(0, max(1, horizon), "peak")
+    for r in range(world):
+        model.Add(sum(c * v for c, v in load[r]) <= peak)
+        for t in tiers:
+            if mem[t][r]:
+                model.Add(sum(c * v for c, v in mem[t][r]) <= caps[t])
+    model.Minimize(peak)
+
+    for table, o, choose, extra in decode:
+        chosen = hint.choice.get(table) is o
+        model.AddHint(choose, chosen)
+        if extra is None:
+            continue
+        kind, lits = extra
+        ranks = hint.shard_ranks.get(table, []) if chosen else []
+        if kind == "node":
+            for n, lit in enumerate(lits):
+                model.AddHint(lit, bool(ranks) and ranks[0] // local == n)
+        else:
+            for i, x in enumerate(lits):
+                for r, lit in enumerate(x):
+                    model.AddHint(lit, bool(ranks) and ranks[i] == r)
+
+    solver = solver_parameters(max_deterministic_s, max_wall_s, seed)
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    out = Assignment()
+    for table, o, choose, extra in decode:
+        if not solver.BooleanValue(choose):
+            continue
+        out.choice[table] = o
+        if extra is None:
+            out.shard_ranks[table] = list(range(world))
+        elif extra[0] == "node":
+            node = next(n for n, lit in enumerate(extra[1]) if solver.BooleanValue(lit))
+            out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+        else:
+            out.shard_ranks[table] = [next(r for r, lit in enumerate(x) if solver.BooleanValue(lit)) for x in extra[1]]
+    return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
+
+
+def repair_placement(
+    assignment: Assignment,
+    cluster: ClusterSpec,
+    unit_ms: float,
+    target_ms: float,
+    max_deterministic_s: float,
+    wall_deadline_s: float,
+    seed: int,
+    neighbourhood: int = 8,
+) -> Assignment:
+    """Large-neighbourhood search: repeatedly free the any-rank shards on the busiest rank and
+    a few others (the least loaded, or random ones), and re-place them optimally with CP-SAT.
+
+    Options stay as chosen; spread and node-bound shards stay put. Stops at `target_ms`, when
+    the deterministic budget is spent, or after a run of rounds that found nothing better.
+    """
+    import time
+
+    world = cluster.world_size
+    if world < 2:
+        return assignment
+    rng = np.random.default_rng(seed)
+    caps = rank_capacities(cluster)
+    loads = RankLoads.of(assignment, world)
+    spent, stale = 0.0, 0
+    k = min(neighbourhood, world)
+    while spent < max_deterministic_s and time.monotonic() < wall_deadline_s and stale < 12:
+        top = int(np.argmax(loads.ms))
+        if loads.ms[top] <= target_ms:
+            break
+        if stale % 2 == 0:
+            others = [int(r) for r in np.argsort(loads.ms, kind="stable") if r != top][: k - 1]
+        else:
+            others = [int(r) for r in rng.choice([r for r in range(world) if r != top], size=k - 1, replace=False)]
+        ranks = [top] + others
+        items = [
+            (table, i)
+            for table, o in assignment.choice.items()
+            if o.placement is Placement.ANY_RANK
+            for i, r in enumerate(assignment.shard_ranks[table])
+            if r in ranks
+        ]
+        if not items:
+            break
+        base_ms = {r: loads.ms[r] for r in ranks}
+        base_bytes = {r: loads.bytes[r].copy() for r in ranks}
+        for table, i in items:
+            option = assignment.choice[table]
+            r = assignment.shard_ranks[table][i]
+            base_ms[r] -= option.shard_ms[i]
+            base_bytes[r] -= option.shard_bytes[i]
+        model = cp_model.CpModel()
+        x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
+        for j in range(len(items)):
+            model.AddExactlyOne(x[j, r] for r in ranks)
+        cost = [_ticks(assignment.choice[t].shard_ms[i], unit_ms) for t, i in items]
+        peak = model.NewIntVar(0, sum(cost) + _ticks(max(base_ms.values()), unit_ms), "peak")
+        for r in ranks:
+            model.Add(_ticks(base_ms[r], unit_ms) + sum(cost[j] * x[j, r] for j in range(len(items))) <= peak)
+            for ti in range(len(TIERS)):
+                demand = [(_kib_up(assignment.choice[t].shard_bytes[i][ti]), j) for j, (t, i) in enumerate(items)]
+                if any(d for d, _ in demand):
+                    room = (int(caps[ti]) - int(base_bytes[r][ti])) // KIB
+                    model.Add(sum(d * x[j, r] for d, j in demand if d) <= room)
+        for j, (t, i) in enumerate(items):
+            for r in ranks:
+                model.AddHint(x[j, r], assignment.shard_ranks[t][i] == r)
+        model.Minimize(peak)
+        solver = solver_parameters(min(0.5, max_deterministic_s - spent), wall_deadline_s - time.monotonic(), seed)
+        status = solver.Solve(model)
+        spent += solver.deterministic_time
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            new_ms, new_bytes = dict(base_ms), {r: b.copy() for r, b in base_bytes.items()}
+            moves = []
+            for j, (t, i) in enumerate(items):
+                r = next(r for r in ranks if solver.BooleanValue(x[j, r]))
+                new_ms[r] += assignment.choice[t].shard_ms[i]
+                new_bytes[r] += assignment.choice[t].shard_bytes[i]
+                moves.append((t, i, r))
+            before = max(loads.ms[r] for r in ranks)
+            if max(new_ms.values()) < before - 1e-9 and all(np.all(new_bytes[r] <= caps) for r in ranks):
+                for t, i, r in moves:
+                    assignment.shard_ranks[t][i] = r
+                for r in ranks:
+                    loads.ms[r], loads.bytes[r] = new_ms[r], new_bytes[r]
+                stale = 0
+                continue
+        stale += 1
+    return assignment

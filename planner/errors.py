@@ -1,0 +1,17 @@
+"""Errors a user can cause. Each carries one line that names the thing and the fix."""
+
+
+class PlannerError(Exception):
+    """Base class: the message is a single line meant for the terminal."""
+
+
+class ConfigError(PlannerError):
+    """A config, table file or hardware profile is missing or invalid."""
+
+
+class InfeasiblePlanError(PlannerError):
+    """No placement satisfies every memory capacity."""
+
+
+class PlanFormatError(PlannerError):
+    """A plan JSON does not follow dlrm-scale/plan/v1 or does not match the model."""

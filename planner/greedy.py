@@ -1,0 +1,266 @@
+"""Fast heuristics: pick options against a shard-size cap, pack by LPT, then local search.
+
+They give the solver a good warm start in milliseconds, and on large instances (thousands of
+shards) most of the final quality: with many small items LPT is within a few percent.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from planner.assignment import Assignment, RankLoads, rank_capacities
+from planner.errors import InfeasiblePlanError
+from planner.specs import ClusterSpec
+from planner.types import Placement, ShardingOption
+
+
+def choose_options(options_by_table: Mapping[str, Sequence[ShardingOption]], cap_ms: float) -> dict[str, ShardingOption]:
+    """Per table, the cheapest option (least summed time) whose largest shard is under `cap_ms`;
+    when none is, the option with the smallest largest shard. Ties go to fewer shards."""
+    chosen = {}
+    for table, options in options_by_table.items():
+        small = [o for o in options if o.max_shard_ms <= cap_ms]
+        if small:
+            chosen[table] = min(small, key=lambda o: (o.total_ms, len(o.shards)))
+        else:
+            chosen[table] = min(options, key=lambda o: (o.max_shard_ms, o.total_ms))
+    return chosen
+
+
+def _fits(loads: RankLoads, caps: np.ndarray, rank: int, shard_bytes: np.ndarray) -> bool:
+    return bool(np.all(loads.bytes[rank] + shard_bytes <= caps))
+
+
+def _shard_bytes(option: ShardingOption, index: int) -> np.ndarray:
+    return option.shard_bytes[index]
+
+
+def _no_room(option: ShardingOption, cluster: ClusterSpec) -> InfeasiblePlanError:
+    tier = cluster.device_tier
+    need = sum(s.storage.of_tier(tier) for s in option.shards)
+    have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
+    return InfeasiblePlanError(
+        f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left "
+        f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank"
+    )
+
+
+def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignment:
+    """Place the chosen options: spread ones first, then node-bound ones, then LPT for the rest.
+
+    LPT: free shards in decreasing time, each onto the least-loaded rank with memory for it.
+    """
+    world, local = cluster.world_size, cluster.ranks_per_node
+    caps = rank_capacities(cluster)
+    loads = RankLoads.empty(world)
+    out = Assignment(choice=dict(chosen))
+    by_kind: dict[Placement, list[ShardingOption]] = {p: [] for p in Placement}
+    for option in chosen.values():
+        by_kind[option.placement].append(option)
+
+    for option in by_kind[Placement.EVERY_RANK]:
+        ranks = list(range(world))
+        out.shard_ranks[option.table] = ranks
+        loads.add(option, ranks)
+    if np.any(loads.bytes > caps):
+        worst = max(by_kind[Placement.EVERY_RANK], key=lambda o: o.shards[0].storage.of_tier(cluster.device_tier))
+        raise _no_room(worst, cluster)
+
+    def node_order(option: ShardingOption) -> list[int]:
+        totals = loads.ms.reshape(cluster.num_nodes, local).sum(axis=1)
+        return sorted(range(cluster.num_nodes), key=lambda n: (totals[n], n))
+
+    for option in sorted(by_kind[Placement.NODE_RANKS], key=lambda o: (-o.total_ms, o.table)):
+        for node in node_order(option):
+            ranks = [node * local + i for i in range(len(option.shards))]
+            if all(_fits(loads, caps, r, _shard_bytes(option, i)) for i, r in enumerate(ranks)):
+                out.shard_ranks[option.table] = ranks
+                loads.add(option, ranks)
+                break
+        else:
+            raise _no_room(option, cluster)
+
+    for option in sorted(by_kind[Placement.ONE_NODE], key=lambda o: (-o.total_ms, o.table)):
+        for node in node_order(option):
+            ranks = _lpt_into(option, list(range(node * local, (node + 1) * local)), loads, caps)
+            if ranks is not None:
+                out.shard_ranks[option.table] = ranks
+                loads.add(option, ranks)
+                break
+        else:
+            raise _no_room(option, cluster)
+
+    items = [
+        (-ms, option.table, i)
+        for option in by_kind[Placement.ANY_RANK]
+        for i, ms in enumerate(option.shard_ms.tolist())
+    ]
+    items.sort()
+    for option in by_kind[Placement.ANY_RANK]:
+        out.shard_ranks[option.table] = [-1] * len(option.shards)
+    heap = [(0.0 + loads.ms[r], r) for r in range(world)]
+    heapq.heapify(heap)
+    for neg_ms, table, i in items:
+        option = chosen[table]
+        need = _shard_bytes(option, i)
+        skipped = []
+        while heap:
+            ms, rank = heapq.heappop(heap)
+            if _fits(loads, caps, rank, need):
+                break
+            skipped.append((ms, rank))
+        else:
+            raise _no_room(option, cluster)
+        out.shard_ranks[table][i] = rank
+        loads.ms[rank] -= neg_ms
+        loads.bytes[rank] += need
+        heapq.heappush(heap, (loads.ms[rank], rank))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+    return out
+
+
+def _lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: np.ndarray) -> list[int] | None:
+    """LPT of one option's shards over `ranks` (on a scratch copy); None if they do not fit."""
+    ms = {r: loads.ms[r] for r in ranks}
+    used = {r: loads.bytes[r].copy() for r in ranks}
+    placed = [-1] * len(option.shards)
+    order = sorted(range(len(option.shards)), key=lambda i: -option.shards[i].perf.total_ms)
+    for i in order:
+        need = _shard_bytes(option, i)
+        for r in sorted(ranks, key=lambda r: (ms[r], r)):
+            if np.all(used[r] + need <= caps):
+                placed[i] = r
+                ms[r] += option.shards[i].perf.total_ms
+                used[r] += need
+                break
+        else:
+            return None
+    return placed
+
+
+def local_search(assignment: Assignment, cluster: ClusterSpec, max_rounds: int = 2000) -> Assignment:
+    """Move or swap free (any-rank) shards off the busiest rank while that lowers it."""
+    world = cluster.world_size
+    caps = rank_capacities(cluster)
+    loads = RankLoads.of(assignment, world)
+    free_on: dict[int, list[tuple[str, int]]] = {r: [] for r in range(world)}
+    for table, option in assignment.choice.items():
+        if option.placement is Placement.ANY_RANK:
+            for i, r in enumerate(assignment.shard_ranks[table]):
+                free_on[r].append((table, i))
+
+    def cost(item: tuple[str, int]) -> float:
+        return assignment.choice[item[0]].shard_ms[item[1]]
+
+    def relocate(item: tuple[str, int], src: int, dst: int) -> None:
+        table, i = item
+        need = _shard_bytes(assignment.choice[table], i)
+        c = cost(item)
+        loads.ms[src] -= c
+        loads.ms[dst] += c
+        loads.bytes[src] -= need
+        loads.bytes[dst] += need
+        free_on[src].remove(item)
+        free_on[dst].append(item)
+        assignment.shard_ranks[table][i] = dst
+
+    for _ in range(max_rounds):
+        top = int(np.argmax(loads.ms))
+        peak = loads.ms[top]
+        improved = False
+        for dst in np.argsort(loads.ms, kind="stable")[: min(world, 16)]:
+            dst = int(dst)
+            if dst == top:
+                continue
+            gap = peak - loads.ms[dst]
+            # a move helps when the shard is smaller than the gap; best is half the gap
+            best, best_gain = None, 0.0
+            for item in free_on[top]:
+                c = cost(item)
+                gain = peak - max(peak - c, loads.ms[dst] + c)
+                if gain > best_gain + 1e-12 and _fits(loads, caps, dst, _shard_bytes(assignment.choice[item[0]], item[1])):
+                    best, best_gain = (item, None), gain
+            for a in free_on[top]:
+                ca = cost(a)
+                if ca * 2 <= best_gain:
+                    continue
+                for b in free_on[dst]:
+                    delta = ca - cost(b)
+                    if delta <= 0 or delta >= gap:
+                        continue
+                    gain = peak - max(peak - delta, loads.ms[dst] + delta)
+                    if gain > best_gain + 1e-12:
+                        need_a = _shard_bytes(assignment.choice[a[0]], a[1])
+                        need_b = _shard_bytes(assignment.choice[b[0]], b[1])
+                        if np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(
+                            loads.bytes[top] - need_a + need_b <= caps
+                        ):
+                            best, best_gain = (a, b), gain
+            if best is not None:
+                a, b = best
+                relocate(a, top, dst)
+                if b is not None:
+                    relocate(b, dst, top)
+                improved = True
+                break
+        if not improved:
+            break
+    return assignment
+
+
+def refine_by_splitting(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    chosen: dict[str, ShardingOption],
+    cluster: ClusterSpec,
+    deadline_s: float,
+) -> Assignment:
+    """Split only where it pays: while a table on the busiest rank can move to an option with
+    smaller shards (the cheapest such) and the re-packed plan gets better, do so.
+
+    A uniform shard-size cap splits every table alike; this mixes whole tables and split ones,
+    which is what balances a few heavy tables on many ranks at little extra work.
+    """
+    import time
+
+    def score(loads: RankLoads) -> tuple[float, int]:
+        # Fewer ranks at the peak counts as progress: one split rarely lowers the peak alone.
+        peak = float(loads.ms.max())
+        return peak, int(np.sum(loads.ms >= peak * (1 - 1e-9)))
+
+    best = local_search(pack(chosen, cluster), cluster)
+    loads = RankLoads.of(best, cluster.world_size)
+    best_score = score(loads)
+    while time.monotonic() < deadline_s:
+        top = int(np.argmax(loads.ms))
+        on_top = sorted(
+            {t for t, ranks in best.shard_ranks.items() if top in ranks},
+            key=lambda t: (-best.choice[t].max_shard_ms, t),
+        )
+        improved = False
+        for table in on_top:
+            current = best.choice[table]
+            finer = [o for o in options_by_table[table] if o.max_shard_ms < current.max_shard_ms - 1e-12]
+            if not finer:
+                continue
+            trial_choice = dict(best.choice)
+            trial_choice[table] = min(finer, key=lambda o: (o.total_ms, len(o.shards)))
+            try:
+                trial = local_search(pack(trial_choice, cluster), cluster)
+            except InfeasiblePlanError:
+                continue
+            trial_loads = RankLoads.of(trial, cluster.world_size)
+            trial_score = score(trial_loads)
+            if trial_score[0] < best_score[0] * (1 - 1e-9) or (
+                trial_score[0] <= best_score[0] and trial_score[1] < best_score[1]
+            ):
+                best, loads, best_score, improved = trial, trial_loads, trial_score, True
+                break
+            if time.monotonic() >= deadline_s:
+                break
+        if not improved:
+            break
+    return best

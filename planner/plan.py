@@ -1,0 +1,258 @@
+"""The plan: what every consumer reads (`dlrm-scale/plan/v1` JSON), built from a solution.
+
+Loading validates the document fully and raises PlanFormatError with one line that names
+the field, so a hand-edited plan never fails deep inside training.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanFormatError
+from planner.solver import Solution
+from planner.specs import ClusterSpec
+from planner.types import TIERS, Perf, ShardingType, Storage
+
+SCHEMA = "dlrm-scale/plan/v1"
+KERNELS = ("dense", "fused", "fused_uvm_caching", "key_value")
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    rank: int
+    row_offset: int
+    col_offset: int
+    rows: int
+    cols: int
+    tier: str
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    sharding_type: str
+    compute_kernel: str
+    num_embeddings: int
+    embedding_dim: int
+    shards: tuple[PlannedShard, ...]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [s.rank for s in self.shards]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    perf: Perf
+    memory: Storage
+
+    @property
+    def predicted_ms(self) -> float:
+        return self.perf.total_ms
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    ranks_per_node: int
+    tables: dict[str, TablePlan]
+    ranks: tuple[RankPlan, ...]
+    max_rank_ms: float
+    lower_bound_ms: float
+    cost_model: str = "ours"
+    solver: str = ""
+    solve_seconds: float = 0.0
+
+    @property
+    def gap(self) -> float:
+        return self.max_rank_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 0 else 0.0
+
+    # ---- building -------------------------------------------------------------------------
+    @classmethod
+    def from_solution(cls, solution: Solution, cluster: ClusterSpec, table_order: list[str], cost_model: str) -> Plan:
+        world = cluster.world_size
+        perf = [Perf() for _ in range(world)]
+        memory = [Storage() for _ in range(world)]
+        tables = {}
+        for name in table_order:
+            option = solution.assignment.choice[name]
+            ranks = solution.assignment.shard_ranks[name]
+            shards = []
+            for shard, rank in zip(option.shards, ranks):
+                g = shard.geometry
+                shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier))
+                perf[rank] = perf[rank] + shard.perf
+                memory[rank] = memory[rank] + shard.storage
+            first = option.shards[0].geometry
+            rows = sum(s.geometry.rows for s in option.shards) if option.sharding_type in (
+                ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE) else first.rows
+            cols = sum(s.geometry.cols for s in option.shards) if option.sharding_type in (
+                ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE) else first.cols
+            tables[name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards))
+        rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
+        return cls(
+            world_size=world,
+            ranks_per_node=cluster.ranks_per_node,
+            tables=tables,
+            ranks=rank_plans,
+            max_rank_ms=max(r.predicted_ms for r in rank_plans),
+            lower_bound_ms=solution.lower_bound_ms,
+            cost_model=cost_model,
+            solver=solution.method,
+            solve_seconds=solution.seconds,
+        )
+
+    # ---- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "world_size": self.world_size,
+            "ranks_per_node": self.ranks_per_node,
+            "cost_model": self.cost_model,
+            "tables": {
+                name: {
+                    "sharding_type": t.sharding_type,
+                    "compute_kernel": t.compute_kernel,
+                    "num_embeddings": t.num_embeddings,
+                    "embedding_dim": t.embedding_dim,
+                    "shards": [
+                        {"rank": s.rank, "row_offset": s.row_offset, "col_offset": s.col_offset,
+                         "rows": s.rows, "cols": s.cols, "tier": s.tier}
+                        for s in t.shards
+                    ],
+                }
+                for name, t in self.tables.items()
+            },
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "predicted_ms": r.predicted_ms,
+                    "breakdown_ms": {
+                        "fwd_compute": r.perf.fwd_compute_ms, "fwd_comms": r.perf.fwd_comms_ms,
+                        "bwd_compute": r.perf.bwd_compute_ms, "bwd_comms": r.perf.bwd_comms_ms,
+                    },
+                    "memory_bytes": r.memory.as_dict(),
+                }
+                for r in self.ranks
+            ],
+            "predicted": {
+                "max_rank_ms": self.max_rank_ms,
+                "lower_bound_ms": self.lower_bound_ms,
+                "gap": self.gap,
+                "solver": self.solver,
+                "solve_seconds": self.solve_seconds,
+            },
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically: a crash mid-write never leaves a half plan behind."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PlanFormatError(f"plan file {path} does not exist; create one with 'dlrm-scale plan --out {path}'") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise PlanFormatError(f"plan file {path} is not valid JSON ({e}); re-run 'dlrm-scale plan'") from None
+        return cls.from_dict(doc, source=str(path))
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str = "plan") -> Plan:
+        def need(obj: Any, key: str, kind: type | tuple, where: str) -> Any:
+            if not isinstance(obj, dict) or key not in obj:
+                raise PlanFormatError(f"{source}: {where} has no '{key}'")
+            value = obj[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise PlanFormatError(f"{source}: {where}.{key} has the wrong type ({type(value).__name__})")
+            return value
+
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise PlanFormatError(f"{source}: not a {SCHEMA} document (schema is {doc.get('schema') if isinstance(doc, dict) else None!r})")
+        world = need(doc, "world_size", int, "plan")
+        local = need(doc, "ranks_per_node", int, "plan")
+        if world < 1 or local < 1 or world % local:
+            raise PlanFormatError(f"{source}: world_size {world} must be a positive multiple of ranks_per_node {local}")
+        tables = {}
+        for name, t in need(doc, "tables", dict, "plan").items():
+            where = f"tables.{name}"
+            st = need(t, "sharding_type", str, where)
+            if st not in {s.value for s in ShardingType}:
+                raise PlanFormatError(f"{source}: {where}.sharding_type {st!r} is not one of {[s.value for s in ShardingType]}")
+            kernel = need(t, "compute_kernel", str, where)
+            if kernel not in KERNELS:
+                raise PlanFormatError(f"{source}: {where}.compute_kernel {kernel!r} is not one of {list(KERNELS)}")
+            shards = []
+            for i, s in enumerate(need(t, "shards", list, where)):
+                sw = f"{where}.shards[{i}]"
+                vals = [need(s, k, int, sw) for k in ("rank", "row_offset", "col_offset", "rows", "cols")]
+                if not 0 <= vals[0] < world or min(vals[1:]) < 0:
+                    raise PlanFormatError(f"{source}: {sw} has rank {vals[0]} outside 0..{world - 1} or a negative size")
+                tier = need(s, "tier", str, sw)
+                if tier not in TIERS:
+                    raise PlanFormatError(f"{source}: {sw}.tier {tier!r} is not one of {list(TIERS)}")
+                shards.append(PlannedShard(*vals, tier))
+            if not shards:
+                raise PlanFormatError(f"{source}: {where} has no shards")
+            rows = t.get("num_embeddings", max(s.row_offset + s.rows for s in shards))
+            cols = t.get("embedding_dim", max(s.col_offset + s.cols for s in shards))
+            table = TablePlan(st, kernel, rows, cols, tuple(shards))
+            check_geometry(name, table, source)
+            tables[name] = table
+        ranks = []
+        for i, r in enumerate(doc.get("ranks", [])):
+            b = r.get("breakdown_ms", {}) if isinstance(r, dict) else {}
+            perf = Perf(b.get("fwd_compute", 0.0), b.get("fwd_comms", 0.0), b.get("bwd_compute", 0.0), b.get("bwd_comms", 0.0))
+            if not b:
+                perf = Perf(fwd_compute_ms=float(need(r, "predicted_ms", (int, float), f"ranks[{i}]")))
+            mem = need(r, "memory_bytes", dict, f"ranks[{i}]")
+            ranks.append(RankPlan(need(r, "rank", int, f"ranks[{i}]"), perf, Storage(*(int(mem.get(t, 0)) for t in TIERS))))
+        predicted = doc.get("predicted", {})
+        return cls(
+            world_size=world,
+            ranks_per_node=local,
+            tables=tables,
+            ranks=tuple(ranks),
+            max_rank_ms=float(predicted.get("max_rank_ms", 0.0)),
+            lower_bound_ms=float(predicted.get("lower_bound_ms", 0.0)),
+            cost_model=str(doc.get("cost_model", "ours")),
+            solver=str(predicted.get("solver", "")),
+            solve_seconds=float(predicted.get("solve_seconds", 0.0)),
+        )
+
+
+def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:
+    """Every (row, column) of the table is covered exactly once, or once per rank for DP."""
+    rows, cols = table.num_embeddings, table.embedding_dim
+    if table.sharding_type == ShardingType.DATA_PARALLEL.value:
+        bad = [s for s in table.shards if (s.row_offset, s.col_offset, s.rows, s.cols) != (0, 0, rows, cols)]
+        if bad or len({s.rank for s in table.shards}) != len(table.shards):
+            raise PlanFormatError(f"{source}: data_parallel table '{name}' must list one full replica per rank")
+        return
+    area = 0
+    for s in table.shards:
+        if s.row_offset + s.rows > rows or s.col_offset + s.cols > cols:
+            raise PlanFormatError(f"{source}: a shard of '{name}' reaches past its {rows}x{cols} table")
+        area += s.rows * s.cols
+    blocks = [(s.row_offset, s.col_offset, s.rows, s.cols) for s in table.shards if s.rows and s.cols]
+    if all(b[3] == cols for b in blocks) or all(b[2] == rows for b in blocks):
+        axis = 0 if all(b[3] == cols for b in blocks) else 1  # stripes: a 1-D interval check
+        spans = sorted((b[axis], b[axis] + b[axis + 2]) for b in blocks)
+        overlap = any(nxt[0] < cur[1] for cur, nxt in zip(spans, spans[1:]))
+    else:
+        overlap = any(
+            b[0] < a[0] + a[2] and a[0] < b[0] + b[2] and b[1] < a[1] + a[3] and a[1] < b[1] + b[3]
+            for i, a in enumerate(blocks) for b in blocks[i + 1:]
+        )
+    if overlap:
+        raise PlanFormatError(f"{source}: shards of '{name}' overlap")
+    if area != rows * cols:
+        raise PlanFormatError(f"{source}: shards of '{name}' cover {area} of its {rows * cols} weights")

@@ -1,0 +1,69 @@
+"""Human-readable views of a plan: a terminal table and a per-rank stacked bar chart."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from planner.plan import Plan
+from planner.types import TIERS
+
+GIB = 1024**3
+
+
+def format_plan(plan: Plan, max_rank_rows: int = 16) -> str:
+    lines = []
+    mix = Counter(t.sharding_type for t in plan.tables.values())
+    lines.append(
+        f"{len(plan.tables)} tables on {plan.world_size} ranks ({plan.ranks_per_node} per node), "
+        f"cost model '{plan.cost_model}', solver '{plan.solver}' in {plan.solve_seconds:.2f}s"
+    )
+    lines.append("schemes: " + ", ".join(f"{k} {v}" for k, v in sorted(mix.items())))
+    lines.append(
+        f"busiest rank {plan.max_rank_ms:.4f} ms/step, lower bound {plan.lower_bound_ms:.4f} ms, gap {100 * plan.gap:.2f}%"
+    )
+    header = f"{'rank':>5} {'total ms':>10} {'compute':>10} {'comms':>10} " + " ".join(f"{t + ' GiB':>9}" for t in TIERS)
+    lines.append(header)
+    ranks = sorted(plan.ranks, key=lambda r: -r.predicted_ms)[:max_rank_rows]
+    for r in sorted(ranks, key=lambda r: r.rank):
+        mem = " ".join(f"{r.memory.of_tier(t) / GIB:>9.3f}" for t in TIERS)
+        lines.append(f"{r.rank:>5} {r.predicted_ms:>10.4f} {r.perf.compute_ms:>10.4f} {r.perf.comms_ms:>10.4f} {mem}")
+    if len(plan.ranks) > max_rank_rows:
+        lines.append(f"  ({len(plan.ranks) - max_rank_rows} lighter ranks not shown)")
+    return "\n".join(lines)
+
+
+def plot_plan(plan: Plan, path: str | Path) -> None:
+    """Per-rank stacked bars: compute and comms time (top), bytes per tier (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = [r.rank for r in plan.ranks]
+    fig, (ax_t, ax_m) = plt.subplots(2, 1, figsize=(max(6, 0.25 * len(ranks)), 6), sharex=True)
+    bottom = [0.0] * len(ranks)
+    for label, values in (
+        ("fwd compute", [r.perf.fwd_compute_ms for r in plan.ranks]),
+        ("bwd compute", [r.perf.bwd_compute_ms for r in plan.ranks]),
+        ("fwd comms", [r.perf.fwd_comms_ms for r in plan.ranks]),
+        ("bwd comms", [r.perf.bwd_comms_ms for r in plan.ranks]),
+    ):
+        ax_t.bar(ranks, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax_t.axhline(plan.lower_bound_ms, color="k", linestyle="--", linewidth=1, label="lower bound")
+    ax_t.set_ylabel("ms / step")
+    ax_t.legend(fontsize=7, ncol=5)
+    ax_t.set_title(f"{len(plan.tables)} tables, {plan.world_size} ranks, gap {100 * plan.gap:.2f}%")
+    bottom = [0.0] * len(ranks)
+    for tier in TIERS:
+        values = [r.memory.of_tier(tier) / GIB for r in plan.ranks]
+        if any(values):
+            ax_m.bar(ranks, values, bottom=bottom, label=tier)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax_m.set_ylabel("GiB")
+    ax_m.set_xlabel("rank")
+    ax_m.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,128 @@
+"""The optimizer: warm start from greedy, then CP-SAT, with a proven lower bound and gap.
+
+Small instances go to the joint CP-SAT model (option and placement chosen together); large
+ones keep the best greedy options and repair placement with CP-SAT over a few ranks at a
+time. Identical tables are costed once (candidates), identical ranks make every rank an
+equal target, and the bound is valid whichever path ran.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from planner.assignment import Assignment, RankLoads
+from planner.bounds import lower_bound_ms
+from planner.cpsat import joint_model_size, repair_placement, solve_joint
+from planner.errors import ConfigError, InfeasiblePlanError
+from planner.greedy import choose_options, local_search, pack, refine_by_splitting
+from planner.specs import ClusterSpec
+from planner.types import ShardingOption
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """Solver settings. `time_limit_s` bounds the whole search; `seed` fixes its choices."""
+
+    time_limit_s: float = 10.0
+    seed: int = 0
+    joint_model_max_booleans: int = 20_000  # above this, keep greedy options and repair placement
+    repair_neighbourhood_ranks: int = 8
+    target_gap: float = 1e-4  # stop once the plan is this close to the lower bound
+    # shard-size caps tried by the greedy warm start, as fractions of the lower bound
+    greedy_shard_caps: tuple[float, ...] = (math.inf, 1.0, 0.5, 0.25, 0.1)
+
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:
+            raise ConfigError(f"solver: time_limit_s must be > 0, got {self.time_limit_s}; try --time-limit 10")
+        if self.repair_neighbourhood_ranks < 2:
+            raise ConfigError("solver: repair_neighbourhood_ranks must be at least 2")
+        if not self.greedy_shard_caps:
+            raise ConfigError("solver: greedy_shard_caps needs at least one cap")
+
+
+@dataclass(frozen=True)
+class Solution:
+    assignment: Assignment
+    max_rank_ms: float
+    lower_bound_ms: float
+    method: str  # "joint-optimal", "joint", "greedy+repair" or "greedy"
+    seconds: float
+
+    @property
+    def gap(self) -> float:
+        """How far above the proven lower bound the plan is, as a fraction of the bound."""
+        return self.max_rank_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 0 else 0.0
+
+
+def _peak(assignment: Assignment, world: int) -> float:
+    return float(RankLoads.of(assignment, world).ms.max())
+
+
+def warm_start(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    cluster: ClusterSpec,
+    bound_ms: float,
+    caps: Sequence[float],
+    deadline_s: float,
+) -> Assignment:
+    """Best over several shard-size caps of: greedy option choice, LPT, local search and
+    splitting of the tables on the busiest rank. Each cap gets an equal share of the time."""
+    best, best_peak, first_error = None, math.inf, None
+    for i, frac in enumerate(caps):
+        share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
+        try:
+            candidate = refine_by_splitting(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
+        except InfeasiblePlanError as e:
+            first_error = first_error or e
+            continue
+        peak = _peak(candidate, cluster.world_size)
+        if peak < best_peak - 1e-12:
+            best, best_peak = candidate, peak
+    if best is None:
+        # The greedy choices favour speed; before giving up, try the smallest shards everywhere.
+        try:
+            smallest = {t: min(opts, key=lambda o: (o.shard_bytes.max(), o.total_ms)) for t, opts in options_by_table.items()}
+            return local_search(pack(smallest, cluster), cluster)
+        except InfeasiblePlanError:
+            raise first_error from None
+    return best
+
+
+def solve(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, config: SolverConfig) -> Solution:
+    start = time.monotonic()
+    deadline = start + config.time_limit_s
+    world = cluster.world_size
+    bound = lower_bound_ms(options_by_table, world)
+    unit_ms = max(bound, 1e-9) / 20_000  # 0.005% of the bound per integer tick
+    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + config.time_limit_s * 0.4)
+    best_peak, method = _peak(best, world), "greedy"
+
+    if best_peak > bound * (1 + config.target_gap):
+        remaining = deadline - time.monotonic()
+        if joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
+            result = solve_joint(options_by_table, cluster, best, unit_ms, remaining * 0.8, remaining, config.seed)
+            if result is not None:
+                peak = _peak(result.assignment, world)
+                bound = max(bound, result.bound_ms)
+                if peak < best_peak:
+                    best, best_peak = result.assignment, peak
+                method = "joint-optimal" if result.optimal else "joint"
+        else:
+            repaired = repair_placement(
+                best.copy(),
+                cluster,
+                unit_ms,
+                bound * (1 + config.target_gap),
+                remaining * 0.8,
+                deadline,
+                config.seed,
+                config.repair_neighbourhood_ranks,
+            )
+            peak = _peak(repaired, world)
+            if peak < best_peak:
+                best, best_peak = repaired, peak
+            method = "greedy+repair"
+    return Solution(best, best_peak, bound, method, time.monotonic() - start)

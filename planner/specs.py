@@ -1,0 +1,186 @@
+"""Frozen, validated descriptions of what to plan: tables, cluster and training.
+
+Every spec validates itself on construction and raises `ConfigError` with one line that
+names the field and the fix, so bad input never reaches the cost model or the solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from planner.errors import ConfigError
+
+
+class CommPrecision(str, Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
+# Bytes per element sent, and extra bytes per row (FBGEMM's row-wise int8 codec carries an
+# fp32 scale and an fp32 bias with each row; fp8 carries one fp32 scale).
+PRECISION_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+PRECISION_ROW_OVERHEAD_BYTES = {"fp32": 0, "fp16": 0, "bf16": 0, "fp8": 4, "int8": 8}
+
+# Optimizer state kept per table row, as multiples of (rows, cols) and of rows.
+# row-wise Adagrad keeps one fp32 per row; Adagrad one fp32 per weight; Adam two.
+OPTIMIZER_STATE = {
+    "sgd": (0, 0),
+    "rowwise_adagrad": (0, 1),
+    "adagrad": (1, 0),
+    "adam": (2, 0),
+}
+
+DEVICES = ("cuda", "cpu")
+
+
+def _positive(owner: str, name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{owner}: '{name}' must be a positive number, got {value!r}")
+
+
+def _positive_int(owner: str, name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{owner}: '{name}' must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table and how it is read per sample."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float = 1.0  # ids looked up per sample, on average
+    zipf_exponent: float | None = None  # access skew, when known
+
+    def __post_init__(self) -> None:
+        owner = f"table '{self.name}'"
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError(f"a table has no name: give every table a non-empty 'name'")
+        _positive_int(owner, "num_embeddings", self.num_embeddings)
+        _positive_int(owner, "embedding_dim", self.embedding_dim)
+        if self.embedding_dim % 4:
+            raise ConfigError(
+                f"{owner}: embedding_dim {self.embedding_dim} is not a multiple of 4, "
+                f"which FBGEMM's kernels need; use {self.embedding_dim + 4 - self.embedding_dim % 4}"
+            )
+        _positive(owner, "pooling_factor", self.pooling_factor)
+        if self.zipf_exponent is not None and self.zipf_exponent < 0:
+            raise ConfigError(f"{owner}: 'zipf_exponent' must be >= 0, got {self.zipf_exponent}")
+
+    @property
+    def num_parameters(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Nodes of identical ranks, their memory tiers and links. Bandwidths in GB/s (1e9 B/s)."""
+
+    num_nodes: int
+    ranks_per_node: int
+    device: str
+    hbm_bytes_per_rank: int  # device memory given to embeddings (unused on a CPU cluster)
+    ddr_bytes_per_node: int
+    ssd_bytes_per_node: int
+    hbm_gb_per_s: float  # device memory bandwidth seen by the embedding kernels
+    ddr_gb_per_s: float  # host memory as seen from the device (over PCIe on a GPU)
+    ssd_gb_per_s: float
+    intra_node_gb_per_s: float  # per rank, one direction
+    inter_node_gb_per_s: float  # per rank, one direction
+    kernel_launch_ms: float = 0.0  # fixed cost of each shard's kernel per pass
+    collective_latency_ms: float = 0.0  # fixed cost of each collective a shard joins
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        owner = f"cluster '{self.name}'"
+        _positive_int(owner, "num_nodes", self.num_nodes)
+        _positive_int(owner, "ranks_per_node", self.ranks_per_node)
+        if self.device not in DEVICES:
+            raise ConfigError(f"{owner}: device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.device == "cuda":
+            _positive_int(owner, "hbm_bytes_per_rank", self.hbm_bytes_per_rank)
+        elif self.ddr_bytes_per_node <= 0:
+            raise ConfigError(f"{owner}: a cpu cluster computes from DDR; give 'ddr_bytes_per_node' > 0")
+        for name in ("hbm_bytes_per_rank", "ddr_bytes_per_node", "ssd_bytes_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
+        for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
+            _positive(owner, name, getattr(self, name))
+        for name in ("kernel_launch_ms", "collective_latency_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{owner}: '{name}' must be >= 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.ranks_per_node
+
+    @property
+    def device_tier(self) -> str:
+        """The tier a rank computes from: HBM on a GPU, the rank's DDR share on a CPU."""
+        return "hbm" if self.device == "cuda" else "ddr"
+
+    def capacity_bytes_per_rank(self, tier: str) -> int:
+        """What one rank may hold in `tier`; host tiers are shared evenly by a node's ranks."""
+        if tier == "hbm":
+            return self.hbm_bytes_per_rank if self.device == "cuda" else 0
+        if tier == "ddr":
+            return self.ddr_bytes_per_node // self.ranks_per_node
+        if tier == "ssd":
+            return self.ssd_bytes_per_node // self.ranks_per_node
+        raise ValueError(f"unknown memory tier {tier!r}")
+
+    def tier_gb_per_s(self, tier: str) -> float:
+        return {"hbm": self.hbm_gb_per_s, "ddr": self.ddr_gb_per_s, "ssd": self.ssd_gb_per_s}[tier]
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """How the model is trained: batch per rank, optimizer and communication precisions."""
+
+    batch_size_per_rank: int
+    embedding_optimizer: str = "rowwise_adagrad"
+    fwd_comm_precision: str = "fp32"
+    bwd_comm_precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _positive_int("training", "batch_size_per_rank", self.batch_size_per_rank)
+        if self.embedding_optimizer not in OPTIMIZER_STATE:
+            raise ConfigError(
+                f"training: unknown embedding_optimizer {self.embedding_optimizer!r}; "
+                f"use one of {', '.join(OPTIMIZER_STATE)}"
+            )
+        for name in ("fwd_comm_precision", "bwd_comm_precision"):
+            if getattr(self, name) not in PRECISION_ELEMENT_BYTES:
+                raise ConfigError(
+                    f"training: {name} {getattr(self, name)!r} is not one of "
+                    f"{', '.join(PRECISION_ELEMENT_BYTES)}"
+                )
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """Everything the planner needs: specs in, plan out."""
+
+    tables: tuple[TableSpec, ...]
+    cluster: ClusterSpec
+    training: TrainingSpec
+    tables_by_name: dict[str, TableSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise ConfigError("no tables to plan: give tables in the config or with --tables FILE.csv")
+        by_name: dict[str, TableSpec] = {}
+        for t in self.tables:
+            if t.name in by_name:
+                raise ConfigError(f"table '{t.name}' is defined twice: table names must be unique")
+            by_name[t.name] = t
+        object.__setattr__(self, "tables_by_name", by_name)

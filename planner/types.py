@@ -1,0 +1,157 @@
+"""Value objects of the planner: costs and storage that add up, shards and options.
+
+Modelled on TorchRec's planner types (`Perf`, `Storage`, `Shard`, `ShardingOption`), but
+free of torch so that the planner runs anywhere numpy and OR-Tools do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+
+import numpy as np
+
+
+class ShardingType(str, Enum):
+    """Sharding schemes, spelt as TorchRec spells them so a plan can run unchanged."""
+
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+
+
+class Placement(str, Enum):
+    """How the shards of an option may be put on ranks."""
+
+    ANY_RANK = "any_rank"  # each shard independently on any rank (TW, CW)
+    ONE_NODE = "one_node"  # each shard on any rank of one chosen node (TWCW)
+    EVERY_RANK = "every_rank"  # shard i on rank i (RW, DP)
+    NODE_RANKS = "node_ranks"  # shard i on local rank i of one chosen node (TWRW)
+
+
+PLACEMENT_OF = {
+    ShardingType.TABLE_WISE: Placement.ANY_RANK,
+    ShardingType.COLUMN_WISE: Placement.ANY_RANK,
+    ShardingType.TABLE_COLUMN_WISE: Placement.ONE_NODE,
+    ShardingType.ROW_WISE: Placement.EVERY_RANK,
+    ShardingType.DATA_PARALLEL: Placement.EVERY_RANK,
+    ShardingType.TABLE_ROW_WISE: Placement.NODE_RANKS,
+}
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Per-step time of one shard, or of a rank (the sum of its shards), in milliseconds."""
+
+    fwd_compute_ms: float = 0.0
+    fwd_comms_ms: float = 0.0
+    bwd_compute_ms: float = 0.0
+    bwd_comms_ms: float = 0.0
+
+    @property
+    def compute_ms(self) -> float:
+        return self.fwd_compute_ms + self.bwd_compute_ms
+
+    @property
+    def comms_ms(self) -> float:
+        return self.fwd_comms_ms + self.bwd_comms_ms
+
+    @property
+    def total_ms(self) -> float:
+        return self.compute_ms + self.comms_ms
+
+    def __add__(self, other: Perf) -> Perf:
+        return Perf(
+            self.fwd_compute_ms + other.fwd_compute_ms,
+            self.fwd_comms_ms + other.fwd_comms_ms,
+            self.bwd_compute_ms + other.bwd_compute_ms,
+            self.bwd_comms_ms + other.bwd_comms_ms,
+        )
+
+
+TIERS = ("hbm", "ddr", "ssd")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Bytes held in each memory tier by a shard, or by a rank."""
+
+    hbm_bytes: int = 0
+    ddr_bytes: int = 0
+    ssd_bytes: int = 0
+
+    def __add__(self, other: Storage) -> Storage:
+        return Storage(
+            self.hbm_bytes + other.hbm_bytes,
+            self.ddr_bytes + other.ddr_bytes,
+            self.ssd_bytes + other.ssd_bytes,
+        )
+
+    def of_tier(self, tier: str) -> int:
+        return getattr(self, f"{tier}_bytes")
+
+    def as_dict(self) -> dict[str, int]:
+        return {tier: self.of_tier(tier) for tier in TIERS}
+
+
+@dataclass(frozen=True)
+class ShardGeometry:
+    """The block of a table a shard holds: rows [row_offset, row_offset+rows) and likewise cols."""
+
+    row_offset: int
+    col_offset: int
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """A shard with its estimated step time and storage."""
+
+    geometry: ShardGeometry
+    perf: Perf
+    storage: Storage
+
+
+@dataclass(frozen=True)
+class ShardingOption:
+    """One way to shard one table: its scheme, kernel, tier and the costed shards."""
+
+    table: str
+    sharding_type: ShardingType
+    compute_kernel: str
+    tier: str
+    shards: tuple[ShardCost, ...]
+    placement: Placement = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "placement", PLACEMENT_OF[self.sharding_type])
+
+    @cached_property
+    def shard_ms(self) -> np.ndarray:
+        """Step time of each shard, as an array for fast load arithmetic."""
+        return np.array([s.perf.total_ms for s in self.shards])
+
+    @cached_property
+    def shard_bytes(self) -> np.ndarray:
+        """Bytes of each shard per tier (rows: shards, columns: TIERS)."""
+        return np.array([[s.storage.of_tier(t) for t in TIERS] for s in self.shards], dtype=np.int64)
+
+    @cached_property
+    def total_ms(self) -> float:
+        """Summed time over all shards: the work this option adds to the cluster."""
+        return float(self.shard_ms.sum())
+
+    @cached_property
+    def max_shard_ms(self) -> float:
+        """Time of the costliest shard: no rank holding it can finish sooner."""
+        return float(self.shard_ms.max())
+
+    @property
+    def label(self) -> str:
+        n = len(self.shards)
+        return self.sharding_type.value if n == 1 else f"{self.sharding_type.value}x{n}"
