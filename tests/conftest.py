@@ -1,0 +1,36 @@
+import pytest
+
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+
+GIB = 1024**3
+
+
+def make_cluster(num_nodes=1, ranks_per_node=4, hbm_gib=40.0, **kw) -> ClusterSpec:
+    values = dict(
+        num_nodes=num_nodes,
+        ranks_per_node=ranks_per_node,
+        device="cuda",
+        hbm_bytes_per_rank=int(hbm_gib * GIB),
+        ddr_bytes_per_node=512 * GIB,
+        ssd_bytes_per_node=0,
+        hbm_gb_per_s=1000.0,
+        ddr_gb_per_s=25.0,
+        ssd_gb_per_s=5.0,
+        intra_node_gb_per_s=100.0,
+        inter_node_gb_per_s=10.0,
+    )
+    values.update(kw)
+    return ClusterSpec(**values)
+
+
+@pytest.fixture
+def cluster() -> ClusterSpec:
+    return make_cluster()
+
+
+def make_problem(tables, cluster=None, batch=1024, **training) -> PlanningProblem:
+    return PlanningProblem(tuple(tables), cluster or make_cluster(), TrainingSpec(batch_size_per_rank=batch, **training))
+
+
+def table(name, rows=100_000, dim=64, pooling=1.0) -> TableSpec:
+    return TableSpec(name, rows, dim, pooling)

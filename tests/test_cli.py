@@ -1,0 +1,68 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from planner.plan import Plan
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "dlrm_scale.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_plan_command_writes_valid_plan_and_plot(tmp_path: Path):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    r = cli("plan", "configs/criteo_kaggle.yaml", "--world-size", "16", "--time-limit", "2", "--out", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    plan = Plan.load(out)
+    assert plan.world_size == 16 and len(plan.tables) == 26
+    assert "busiest rank" in r.stdout and "lower bound" in r.stdout
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_from_tables_csv_and_flags(tmp_path: Path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\n" + "".join(f"t{i},{1000 * (i + 1)},32,{i + 1}\n" for i in range(10)))
+    out = tmp_path / "p.json"
+    r = cli("plan", "--tables", str(csv), "--hardware", "h100_dgx", "--world-size", "4", "--batch-size", "128", "--out", str(out), "--time-limit", "2")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 4 and doc["ranks_per_node"] == 4
+
+
+def test_infeasible_plan_is_one_line_and_exit_2(tmp_path: Path):
+    out = tmp_path / "p.json"
+    r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "2", "--hbm-gb", "1", "--out", str(out))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: table 'cat_") and "bytes" in lines[0]
+    assert not out.exists()
+
+
+def test_user_errors_never_print_tracebacks(tmp_path: Path):
+    cases = [
+        ("plan", "configs/missing.yaml", "--out", str(tmp_path / "p.json")),
+        ("plan", "configs/tiny.yaml", "--hardware", "nope", "--out", str(tmp_path / "p.json")),
+        ("plan", "configs/tiny.yaml", "--world-size", "3", "--ranks-per-node", "2", "--out", str(tmp_path / "p.json")),
+        ("plan", "configs/tiny.yaml", "--out", str(tmp_path / "no" / "dir" / "p.json")),
+        ("plan", "--out", str(tmp_path / "p.json")),
+    ]
+    for args in cases:
+        r = cli(*args)
+        assert r.returncode == 2, args
+        assert "Traceback" not in r.stderr and r.stderr.startswith("error: "), (args, r.stderr)
+
+
+def test_compare_with_torchrec_prints_both_planners(tmp_path: Path):
+    r = cli("plan", "configs/criteo_kaggle.yaml", "--time-limit", "2", "--out", str(tmp_path / "p.json"), "--compare", "torchrec")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines() if line.startswith(("dlrm-scale ", "torchrec "))}
+    assert set(rows) == {"dlrm-scale", "torchrec"}
+    assert all(float(v) > 0 for v in rows["torchrec"])
+
+
+def test_torchrec_cost_model_flag(tmp_path: Path):
+    out = tmp_path / "p.json"
+    r = cli("plan", "configs/criteo_kaggle.yaml", "--cost-model", "torchrec", "--time-limit", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["cost_model"] == "torchrec"

@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from planner.config import load_problem, load_tables_csv
+from planner.errors import ConfigError
+
+KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
+          10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+
+
+def test_criteo_kaggle_config_has_the_reference_cardinalities():
+    p = load_problem("configs/criteo_kaggle.yaml")
+    assert [t.num_embeddings for t in p.tables] == KAGGLE
+    assert {t.embedding_dim for t in p.tables} == {16}
+    assert p.cluster.world_size == 8 and p.cluster.ranks_per_node == 8
+
+
+def test_criteo_terabyte_config():
+    p = load_problem("configs/criteo_terabyte.yaml")
+    assert len(p.tables) == 26 and p.tables[0].num_embeddings == 45833188
+    assert {t.embedding_dim for t in p.tables} == {128}
+
+
+def test_flags_override_config_and_profile():
+    p = load_problem("configs/criteo_kaggle.yaml", cluster_overrides={"world_size": 64}, training_overrides={"batch_size_per_rank": 99})
+    assert p.cluster.num_nodes == 8 and p.cluster.world_size == 64
+    assert p.training.batch_size_per_rank == 99
+    small = load_problem("configs/criteo_kaggle.yaml", cluster_overrides={"world_size": 2})
+    assert small.cluster.ranks_per_node == 2 and small.cluster.num_nodes == 1
+
+
+def test_hardware_profiles_load(tmp_path: Path):
+    for name in ("a100_zionex", "h100_dgx", "cpu_gloo"):
+        p = load_problem("configs/tiny.yaml", hardware=name)
+        assert p.cluster.name == name
+    assert load_problem("configs/tiny.yaml", hardware="h100_dgx").cluster.hbm_bytes_per_rank == 80 * 1024**3
+
+
+def test_misspelt_key_suggests_the_right_one(tmp_path: Path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hardware: a100_zionex\ntraining:\n  batch_size_per_rnak: 8\ntables: []\n")
+    with pytest.raises(ConfigError, match="did you mean 'batch_size_per_rank'"):
+        load_problem(cfg)
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(ConfigError, match="a100_zionex"):
+        load_problem("configs/tiny.yaml", hardware="tpu_v5")
+
+
+def test_bad_yaml_names_the_line(tmp_path: Path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("training:\n  batch_size_per_rank: [1\n")
+    with pytest.raises(ConfigError, match="line"):
+        load_problem(cfg)
+
+
+def test_world_size_must_fill_whole_nodes():
+    with pytest.raises(ConfigError, match="multiple of ranks_per_node"):
+        load_problem("configs/criteo_kaggle.yaml", cluster_overrides={"world_size": 12})
+
+
+def test_tables_csv(tmp_path: Path):
+    f = tmp_path / "t.csv"
+    f.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,100,16,2.5\nb,7,8,\n")
+    tables = load_tables_csv(f)
+    assert [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor) for t in tables] == [("a", 100, 16, 2.5), ("b", 7, 8, 1.0)]
+    p = load_problem(None, tables_csv=f, training_overrides={"batch_size_per_rank": 64})
+    assert p.cluster.name == "a100_zionex"
+
+
+def test_tables_csv_errors_name_file_and_line(tmp_path: Path):
+    f = tmp_path / "t.csv"
+    f.write_text("name,num_embeddings,embedding_dim\na,lots,16\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        load_tables_csv(f)
+    f.write_text("name,rows\na,1\n")
+    with pytest.raises(ConfigError, match="num_embeddings"):
+        load_tables_csv(f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_tables_csv(tmp_path / "missing.csv")

@@ -1,0 +1,93 @@
+import pytest
+
+from planner import cost_model as cm
+from planner.cost_model import AnalyticCostModel, OptionRequest
+from planner.schemes import shard_geometry
+from planner.specs import TableSpec, TrainingSpec
+from planner.types import ShardingType
+from tests.conftest import make_cluster
+
+MS = 1e3
+
+
+def test_transfer_ms():
+    # 1 GB at 100 GB/s is 10 ms
+    assert cm.transfer_ms(1e9, 100.0) == pytest.approx(10.0)
+
+
+def test_row_comm_bytes_per_precision():
+    assert cm.row_comm_bytes(10, 16, "fp32") == 10 * 64
+    assert cm.row_comm_bytes(10, 16, "bf16") == 10 * 32
+    assert cm.row_comm_bytes(10, 16, "int8") == 10 * (16 + 8)  # scale and bias per row
+    assert cm.row_comm_bytes(10, 16, "fp8") == 10 * (16 + 4)
+
+
+def test_optimizer_state():
+    assert cm.optimizer_state_bytes(100, 8, "sgd") == 0
+    assert cm.optimizer_state_bytes(100, 8, "rowwise_adagrad") == 400
+    assert cm.optimizer_state_bytes(100, 8, "adagrad") == 3200
+    assert cm.optimizer_state_bytes(100, 8, "adam") == 6400
+
+
+def test_lookup_fwd_and_bwd():
+    # 1e6 lookups of 64 fp32 columns at 256 GB/s: 256e6 bytes -> 1 ms, plus 0.01 ms launch
+    assert cm.lookup_fwd_ms(1e6, 64, 256.0, 0.01) == pytest.approx(1.01)
+    # bwd with rowwise adagrad: 2 * (256 + 4) bytes per lookup
+    assert cm.lookup_bwd_ms(1e6, 64, "rowwise_adagrad", 260.0 * 2, 0.0) == pytest.approx(1.0)
+
+
+def test_all_to_all_uses_slower_of_the_two_links():
+    c = make_cluster(num_nodes=2, ranks_per_node=4, intra_node_gb_per_s=100.0, inter_node_gb_per_s=10.0, collective_latency_ms=0.0)
+    # 8e6 bytes spread over 8 ranks: 3/8 intra (3e6 at 100 GB/s = 0.03 ms), 4/8 inter (4e6 at 10 = 0.4 ms)
+    assert cm.all_to_all_ms(8e6, c) == pytest.approx(0.4)
+    one = make_cluster(num_nodes=1, ranks_per_node=4, intra_node_gb_per_s=100.0, collective_latency_ms=0.0)
+    assert cm.all_to_all_ms(4e6, one) == pytest.approx(3e6 / 100e6)
+
+
+def test_ring_collectives():
+    c = make_cluster(num_nodes=2, ranks_per_node=4, collective_latency_ms=0.0)
+    assert cm.reduce_scatter_ms(4e6, 4, c) == pytest.approx(3e6 / 100e6)  # inside a node: NVLink-class
+    assert cm.reduce_scatter_ms(8e6, 8, c) == pytest.approx(7e6 / 10e6)  # spans nodes: the NIC
+    assert cm.all_reduce_ms(8e6, 8, c) == pytest.approx(2 * 7e6 / 10e6)
+    assert cm.all_reduce_ms(8e6, 1, c) == 0.0
+
+
+def test_table_wise_shard_by_hand():
+    c = make_cluster(num_nodes=1, ranks_per_node=4, hbm_gb_per_s=1000.0, intra_node_gb_per_s=100.0)
+    tr = TrainingSpec(batch_size_per_rank=1000, embedding_optimizer="sgd")
+    t = TableSpec("t", 1000, 16, pooling_factor=2.0)
+    model = AnalyticCostModel(c, tr)
+    (opt,) = model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "fused", "hbm", tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1)))])
+    perf = opt.shards[0].perf
+    lookups = 4000 * 2.0  # the global batch, two ids each
+    assert perf.fwd_compute_ms == pytest.approx(lookups * 64 / 1e9)
+    assert perf.bwd_compute_ms == pytest.approx(lookups * 2 * 64 / 1e9)
+    ids = 3 / 4 * lookups * 8 / 100e6
+    outputs = 3 / 4 * 4000 * 64 / 100e6
+    assert perf.fwd_comms_ms == pytest.approx(ids + outputs)
+    assert perf.bwd_comms_ms == pytest.approx(outputs)
+    assert opt.shards[0].storage.hbm_bytes == 1000 * 16 * 4 + 2 * 4000 * 16 * 4
+
+
+def test_row_wise_spreads_lookups_and_pays_reduce_scatter():
+    c = make_cluster(num_nodes=1, ranks_per_node=4)
+    tr = TrainingSpec(batch_size_per_rank=1000)
+    t = TableSpec("t", 1000, 16)
+    model = AnalyticCostModel(c, tr)
+    tw, rw = model.estimate([
+        OptionRequest(t, s, "fused", "hbm", tuple(shard_geometry(t, s, n)))
+        for s, n in ((ShardingType.TABLE_WISE, 1), (ShardingType.ROW_WISE, 4))
+    ])
+    assert len(rw.shards) == 4
+    assert rw.shards[0].perf.fwd_compute_ms == pytest.approx(tw.shards[0].perf.fwd_compute_ms / 4)
+    assert rw.shards[0].storage.hbm_bytes < tw.shards[0].storage.hbm_bytes
+
+
+def test_lower_precision_cuts_comms_only():
+    c = make_cluster()
+    t = TableSpec("t", 1000, 64)
+    req = OptionRequest(t, ShardingType.TABLE_WISE, "fused", "hbm", tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1)))
+    fp32 = AnalyticCostModel(c, TrainingSpec(512)).estimate([req])[0].shards[0].perf
+    half = AnalyticCostModel(c, TrainingSpec(512, fwd_comm_precision="fp16", bwd_comm_precision="bf16")).estimate([req])[0].shards[0].perf
+    assert half.compute_ms == fp32.compute_ms
+    assert half.bwd_comms_ms == pytest.approx((fp32.bwd_comms_ms - c.collective_latency_ms) / 2 + c.collective_latency_ms)

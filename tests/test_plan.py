@@ -1,0 +1,88 @@
+import copy
+import json
+
+import pytest
+
+from planner.errors import PlanFormatError
+from planner.plan import SCHEMA, Plan
+from planner.planning import make_plan
+from planner.solver import SolverConfig
+from tests.conftest import make_cluster, make_problem, table
+
+
+@pytest.fixture(scope="module")
+def plan_doc():
+    tables = [table("a", 5_000_000, 64, 20.0), table("b", 1000, 16), table("c", 300_000, 32, 3.0)]
+    problem = make_problem(tables, make_cluster(num_nodes=2, ranks_per_node=2), batch=4096)
+    return make_plan(problem, config=SolverConfig(time_limit_s=2)).to_dict()
+
+
+def test_plan_json_has_the_v1_fields(plan_doc):
+    assert plan_doc["schema"] == SCHEMA
+    assert plan_doc["world_size"] == 4 and plan_doc["ranks_per_node"] == 2
+    for t in plan_doc["tables"].values():
+        assert {"sharding_type", "compute_kernel", "shards"} <= set(t)
+        for s in t["shards"]:
+            assert set(s) == {"rank", "row_offset", "col_offset", "rows", "cols", "tier"}
+    assert [r["rank"] for r in plan_doc["ranks"]] == [0, 1, 2, 3]
+    assert all({"predicted_ms", "memory_bytes"} <= set(r) for r in plan_doc["ranks"])
+    pred = plan_doc["predicted"]
+    assert pred["max_rank_ms"] == pytest.approx(max(r["predicted_ms"] for r in plan_doc["ranks"]))
+    assert pred["lower_bound_ms"] <= pred["max_rank_ms"]
+
+
+def test_round_trip_through_file(plan_doc, tmp_path):
+    plan = Plan.from_dict(plan_doc)
+    path = tmp_path / "p.json"
+    plan.save(path)
+    assert json.loads(path.read_text()) == plan_doc
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def corrupt(doc, edit):
+    doc = copy.deepcopy(doc)
+    edit(doc)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda d: d.update(schema="other"), "not a dlrm-scale/plan/v1"),
+        (lambda d: d.pop("world_size"), "world_size"),
+        (lambda d: d.update(world_size=3), "multiple of ranks_per_node"),
+        (lambda d: d["tables"]["a"].update(sharding_type="diagonal"), "sharding_type"),
+        (lambda d: d["tables"]["a"].update(compute_kernel="magic"), "compute_kernel"),
+        (lambda d: d["tables"]["a"]["shards"][0].update(rank=99), "outside"),
+        (lambda d: d["tables"]["a"]["shards"][0].update(tier="tape"), "tier"),
+        (lambda d: d["tables"]["a"]["shards"][0].update(rows="many"), "wrong type"),
+        (lambda d: d["tables"]["c"]["shards"].pop(), "cover|replica"),
+        (lambda d: d["tables"]["a"].update(shards=[]), "no shards"),
+    ],
+)
+def test_invalid_plans_give_one_line_naming_the_field(plan_doc, edit, fragment):
+    with pytest.raises(PlanFormatError, match=fragment) as e:
+        Plan.from_dict(corrupt(plan_doc, edit))
+    assert "\n" not in str(e.value)
+
+
+def test_overlapping_shards_are_rejected(plan_doc):
+    doc = copy.deepcopy(plan_doc)
+    doc["tables"]["b"] = {
+        "sharding_type": "column_wise", "compute_kernel": "fused", "num_embeddings": 1000, "embedding_dim": 16,
+        "shards": [
+            {"rank": 0, "row_offset": 0, "col_offset": 0, "rows": 1000, "cols": 12, "tier": "hbm"},
+            {"rank": 1, "row_offset": 0, "col_offset": 8, "rows": 1000, "cols": 4, "tier": "hbm"},
+        ],
+    }
+    with pytest.raises(PlanFormatError, match="overlap"):
+        Plan.from_dict(doc)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(PlanFormatError, match="does not exist"):
+        Plan.load(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(PlanFormatError, match="not valid JSON"):
+        Plan.load(bad)

@@ -1,0 +1,123 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.candidates import enumerate_options
+from planner.cost_model import AnalyticCostModel
+from planner.errors import InfeasiblePlanError
+from planner.planning import make_plan
+from planner.solver import SolverConfig, solve
+from planner.specs import TableSpec
+from planner.types import TIERS, Placement
+from tests.conftest import make_cluster, make_problem, table
+
+
+def brute_force_peak(options_by_table, cluster) -> float:
+    """Every option choice and every placement, checked against every capacity."""
+    world, local = cluster.world_size, cluster.ranks_per_node
+    caps = np.array([cluster.capacity_bytes_per_rank(t) for t in TIERS])
+    best = np.inf
+
+    def placements(o):
+        n = len(o.shards)
+        if o.placement is Placement.EVERY_RANK:
+            yield list(range(world))
+        elif o.placement is Placement.NODE_RANKS:
+            for node in range(cluster.num_nodes):
+                yield [node * local + i for i in range(n)]
+        elif o.placement is Placement.ONE_NODE:
+            for node in range(cluster.num_nodes):
+                yield from (list(p) for p in itertools.product(range(node * local, (node + 1) * local), repeat=n))
+        else:
+            yield from (list(p) for p in itertools.product(range(world), repeat=n))
+
+    tables = list(options_by_table)
+    per_table = [[(o, p) for o in options_by_table[t] for p in placements(o)] for t in tables]
+    for combo in itertools.product(*per_table):
+        ms = np.zeros(world)
+        mem = np.zeros((world, len(TIERS)))
+        for o, ranks in combo:
+            np.add.at(ms, ranks, o.shard_ms)
+            np.add.at(mem, ranks, o.shard_bytes)
+        if np.all(mem <= caps):
+            best = min(best, ms.max())
+    return best
+
+
+def options_for(problem):
+    return enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
+
+
+@pytest.mark.parametrize(
+    "tables, ranks",
+    [
+        ([table("a", 10_000, 8, 4.0), table("b", 5_000, 8, 1.0), table("c", 2_000_000, 8, 2.0)], 2),
+        ([table("a", 1_000, 8, 1.0), table("b", 1_000, 8, 1.0), table("c", 1_000, 8, 1.0)], 2),
+        ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0)], 3),
+    ],
+)
+def test_solver_finds_the_brute_force_optimum(tables, ranks):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    solution = solve(options, problem.cluster, SolverConfig(time_limit_s=5))
+    assert solution.max_rank_ms == pytest.approx(optimum, rel=1e-3)
+    assert solution.lower_bound_ms <= optimum * (1 + 1e-9)
+
+
+def test_memory_binds_and_is_respected():
+    # Two big tables that only fit on two ranks if each goes to its own rank (or is split).
+    tables = [table("a", 40_000_000, 64), table("b", 40_000_000, 64), table("c", 1000, 64, 50.0)]
+    cluster = make_cluster(ranks_per_node=2, hbm_gib=12)
+    problem = make_problem(tables, cluster, batch=512)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, cluster)
+    plan = make_plan(problem, config=SolverConfig(time_limit_s=5))
+    assert plan.max_rank_ms == pytest.approx(optimum, rel=1e-3)
+    for r in plan.ranks:
+        assert r.memory.hbm_bytes <= cluster.hbm_bytes_per_rank
+
+
+def test_table_larger_than_any_rank_is_a_clear_error():
+    big = TableSpec("huge", 2_000_000_000, 128)
+    problem = make_problem([big, table("ok")], make_cluster(ranks_per_node=2, hbm_gib=8))
+    with pytest.raises(InfeasiblePlanError) as e:
+        make_plan(problem)
+    msg = str(e.value)
+    assert "'huge'" in msg and "bytes" in msg and "add ranks" in msg and "\n" not in msg
+
+
+def test_tables_that_fit_alone_but_not_together_are_a_clear_error():
+    tables = [table(f"t{i}", 30_000_000, 64) for i in range(6)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=2, hbm_gib=12))
+    with pytest.raises(InfeasiblePlanError, match="no rank with room"):
+        make_plan(problem)
+
+
+def synthetic_tables(n, seed):
+    rng = np.random.default_rng(seed)
+    return [
+        TableSpec(f"t{i}", int(rng.lognormal(11, 2)) + 1, int(rng.choice([16, 32, 64, 128])), float(rng.integers(1, 60)))
+        for i in range(n)
+    ]
+
+
+def test_planning_is_deterministic():
+    problem = make_problem(synthetic_tables(40, 1), make_cluster(num_nodes=2, ranks_per_node=4), batch=2048)
+    a = make_plan(problem, config=SolverConfig(time_limit_s=3)).to_dict()
+    b = make_plan(problem, config=SolverConfig(time_limit_s=3)).to_dict()
+    for d in (a, b):
+        d["predicted"].pop("solve_seconds")
+    assert a == b
+
+
+def test_large_instance_is_balanced_and_within_capacity():
+    problem = make_problem(synthetic_tables(300, 2), make_cluster(num_nodes=4, ranks_per_node=8), batch=2048)
+    plan = make_plan(problem, config=SolverConfig(time_limit_s=5))
+    assert plan.solver == "greedy+repair" or plan.solver.startswith("joint")
+    assert plan.lower_bound_ms <= plan.max_rank_ms
+    assert plan.gap < 0.10
+    cap = problem.cluster.hbm_bytes_per_rank
+    assert all(r.memory.hbm_bytes <= cap for r in plan.ranks)
+    assert set(plan.tables) == {t.name for t in problem.tables}
