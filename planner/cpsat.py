@@ -29,10 +29,11 @@ def _kib_up(num_bytes: int) -> int:
     return -(-int(num_bytes) // KIB)
 
 
-def solver_parameters(max_deterministic_s: float, max_wall_s: float, seed: int) -> cp_model.CpSolver:
+def solver_parameters(max_deterministic_s: float, max_wall_s: float, seed: int, relative_gap: float = 0.0) -> cp_model.CpSolver:
     """One worker and a deterministic-time limit make the answer a function of the input;
     the wall-clock limit is only a safety net on a slow or busy machine."""
     solver = cp_model.CpSolver()
+    solver.parameters.relative_gap_limit = relative_gap
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     solver.parameters.max_deterministic_time = max(0.01, max_deterministic_s)
@@ -69,6 +70,8 @@ def solve_joint(
     max_deterministic_s: float,
     max_wall_s: float,
     seed: int,
+    known_bound_ms: float = 0.0,
+    relative_gap: float = 0.0,
 ) -> JointResult | None:
     """Choose one option per table and a rank for every shard, minimising the busiest rank
     under every rank's capacity in every tier. Returns None if no solution was found."""
@@ -121,7 +124,8 @@ def solve_joint(
         model.AddExactlyOne(chooses)
 
     horizon = sum(max(_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
-    peak = model.NewIntVar(0, max(1, horizon), "peak")
+    # A bound proven elsewhere lets the search stop once it is within `relative_gap` of it.
+    peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), max(1, horizon), "peak")
     for r in range(world):
         model.Add(sum(c * v for c, v in load[r]) <= peak)
         for t in tiers:
@@ -144,7 +148,7 @@ def solve_joint(
                 for r, lit in enumerate(x):
                     model.AddHint(lit, bool(ranks) and ranks[i] == r)
 
-    solver = solver_parameters(max_deterministic_s, max_wall_s, seed)
+    solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
     status = solver.Solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -252,3 +256,139 @@ def repair_placement(
                 continue
         stale += 1
     return assignment
+
+
+@dataclass(frozen=True)
+class ClassModelResult:
+    assignment: Assignment | None  # None when the counts could not be matched to memory
+    bound_ms: float | None  # None when the model left options out, so it bounds nothing
+    optimal: bool
+
+
+def class_model_size(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, unit_ms: float) -> int:
+    """Integer variables of the class model: one count per (shard-cost class, rank)."""
+    classes = {
+        _ticks(ms, unit_ms)
+        for opts in options_by_table.values()
+        for o in opts
+        if o.placement is Placement.ANY_RANK
+        for ms in o.shard_ms.tolist()
+    }
+    return len(classes) * cluster.world_size + sum(len(opts) for opts in options_by_table.values())
+
+
+def solve_class_model(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    cluster: ClusterSpec,
+    hint: Assignment,
+    unit_ms: float,
+    max_deterministic_s: float,
+    max_wall_s: float,
+    seed: int,
+    known_bound_ms: float = 0.0,
+    relative_gap: float = 0.0,
+) -> ClassModelResult | None:
+    """Choose options and how many shards of each cost class every rank takes.
+
+    Ranks are identical and many shards cost the same (TorchRec's estimate does not depend on
+    a table's rows, say), so counting shards per class removes the symmetry that stalls the
+    joint model. Memory is left out here and honoured when the counts are turned into a
+    placement (largest shards first, onto the rank with most room among those with quota).
+    Node-bound column shards (table_column_wise) are left out of the choice.
+    """
+    world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
+    model = cp_model.CpModel()
+    load = [[] for _ in range(world)]
+    class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
+    decode = []
+    left_out = False
+    for table, options in options_by_table.items():
+        chooses = []
+        for k, o in enumerate(options):
+            if o.placement is Placement.ONE_NODE:
+                left_out = True
+                continue
+            choose = model.NewBoolVar(f"c[{table},{k}]")
+            chooses.append(choose)
+            model.AddHint(choose, hint.choice.get(table) is o)
+            if o.placement is Placement.EVERY_RANK:
+                for r, ms in enumerate(o.shard_ms.tolist()):
+                    load[r].append((_ticks(ms, unit_ms), choose))
+                decode.append((table, o, choose, None))
+            elif o.placement is Placement.NODE_RANKS:
+                at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+                model.Add(sum(at) == choose)
+                for n in range(nodes):
+                    for i, ms in enumerate(o.shard_ms.tolist()):
+                        load[n * local + i].append((_ticks(ms, unit_ms), at[n]))
+                decode.append((table, o, choose, at))
+            else:
+                for i, ms in enumerate(o.shard_ms.tolist()):
+                    class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
+                decode.append((table, o, choose, None))
+        model.AddExactlyOne(chooses)
+
+    hinted_counts = {c: [0] * world for c in class_members}
+    for c, members in class_members.items():
+        for _, table, o, i in members:
+            if hint.choice.get(table) is o:
+                hinted_counts[c][hint.shard_ranks[table][i]] += 1
+    counts = {}
+    for c, members in class_members.items():
+        n = [model.NewIntVar(0, len(members), f"n[{c},{r}]") for r in range(world)]
+        model.Add(sum(n) == sum(lit for lit, *_ in members))
+        for r in range(world):
+            load[r].append((c, n[r]))
+            model.AddHint(n[r], hinted_counts[c][r])
+        counts[c] = n
+    horizon = sum(max(_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
+    peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), horizon, "peak")
+    for r in range(world):
+        model.Add(sum(c * v for c, v in load[r]) <= peak)
+    model.Minimize(peak)
+    solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    bound = None if left_out else solver.BestObjectiveBound() * unit_ms
+    out = Assignment()
+    for table, o, choose, at in decode:
+        if not solver.BooleanValue(choose):
+            continue
+        out.choice[table] = o
+        if o.placement is Placement.EVERY_RANK:
+            out.shard_ranks[table] = list(range(world))
+        elif o.placement is Placement.NODE_RANKS:
+            node = next(n for n, lit in enumerate(at) if solver.BooleanValue(lit))
+            out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+        else:
+            out.shard_ranks[table] = [-1] * len(o.shards)
+    placed = _place_by_counts(out, class_members, {c: [solver.Value(v) for v in n] for c, n in counts.items()}, cluster)
+    return ClassModelResult(out if placed else None, bound, status == cp_model.OPTIMAL)
+
+
+def _place_by_counts(out: Assignment, class_members, quota: dict[int, list[int]], cluster: ClusterSpec) -> bool:
+    """Give each chosen shard a rank with quota left for its class and room for its bytes."""
+    caps = rank_capacities(cluster)
+    loads = RankLoads.empty(cluster.world_size)
+    for table, o in out.choice.items():
+        if o.placement is not Placement.ANY_RANK:
+            loads.add(o, out.shard_ranks[table])
+    shards = [
+        (c, table, o, i)
+        for c, members in class_members.items()
+        for _, table, o, i in members
+        if out.choice.get(table) is o
+    ]
+    shards.sort(key=lambda s: (-int(s[2].shard_bytes[s[3]].sum()), s[1], s[3]))
+    for c, table, o, i in shards:
+        need = o.shard_bytes[i]
+        room = [(int((caps - loads.bytes[r] - need).min()), -r) for r in range(cluster.world_size) if quota[c][r] > 0]
+        fits = [x for x in room if x[0] >= 0]
+        if not fits:
+            return False
+        r = -max(fits)[1]
+        quota[c][r] -= 1
+        loads.bytes[r] += need
+        out.shard_ranks[table][i] = r
+    return True

@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from planner.assignment import Assignment, RankLoads
 from planner.bounds import lower_bound_ms
-from planner.cpsat import joint_model_size, repair_placement, solve_joint
+from planner.cpsat import class_model_size, joint_model_size, repair_placement, solve_class_model, solve_joint
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.greedy import choose_options, local_search, pack, refine_by_splitting
 from planner.specs import ClusterSpec
@@ -28,6 +28,7 @@ class SolverConfig:
 
     time_limit_s: float = 10.0
     seed: int = 0
+    class_model_max_variables: int = 50_000  # above this, try the joint model, then repair
     joint_model_max_booleans: int = 20_000  # above this, keep greedy options and repair placement
     repair_neighbourhood_ranks: int = 8
     target_gap: float = 1e-4  # stop once the plan is this close to the lower bound
@@ -48,7 +49,7 @@ class Solution:
     assignment: Assignment
     max_rank_ms: float
     lower_bound_ms: float
-    method: str  # "joint-optimal", "joint", "greedy+repair" or "greedy"
+    method: str  # the path that produced it: greedy, class[-optimal], joint[-optimal], each maybe +repair
     seconds: float
 
     @property
@@ -100,29 +101,37 @@ def solve(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: Clu
     best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + config.time_limit_s * 0.4)
     best_peak, method = _peak(best, world), "greedy"
 
-    if best_peak > bound * (1 + config.target_gap):
+    target = bound * (1 + config.target_gap)
+    if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
         remaining = deadline - time.monotonic()
-        if joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
-            result = solve_joint(options_by_table, cluster, best, unit_ms, remaining * 0.8, remaining, config.seed)
-            if result is not None:
-                peak = _peak(result.assignment, world)
+        result = solve_class_model(
+            options_by_table, cluster, best, unit_ms, remaining * 0.7, remaining * 0.9, config.seed, bound, config.target_gap
+        )
+        if result is not None:
+            if result.bound_ms is not None:
                 bound = max(bound, result.bound_ms)
+            if result.assignment is not None:
+                peak = _peak(result.assignment, world)
                 if peak < best_peak:
                     best, best_peak = result.assignment, peak
-                method = "joint-optimal" if result.optimal else "joint"
-        else:
-            repaired = repair_placement(
-                best.copy(),
-                cluster,
-                unit_ms,
-                bound * (1 + config.target_gap),
-                remaining * 0.8,
-                deadline,
-                config.seed,
-                config.repair_neighbourhood_ranks,
-            )
-            peak = _peak(repaired, world)
-            if peak < best_peak:
-                best, best_peak = repaired, peak
-            method = "greedy+repair"
+                method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
+    elif best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
+        remaining = deadline - time.monotonic()
+        result = solve_joint(
+            options_by_table, cluster, best, unit_ms, remaining * 0.7, remaining * 0.9, config.seed, bound, config.target_gap
+        )
+        if result is not None:
+            bound = max(bound, result.bound_ms)
+            if _peak(result.assignment, world) < best_peak:
+                best, best_peak = result.assignment, _peak(result.assignment, world)
+            method = "joint-optimal" if result.optimal else "joint"
+    if best_peak > max(target, bound * (1 + config.target_gap)) and deadline > time.monotonic():
+        repaired = repair_placement(
+            best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
+            (deadline - time.monotonic()) * 0.9, deadline, config.seed, config.repair_neighbourhood_ranks,
+        )
+        peak = _peak(repaired, world)
+        if peak < best_peak:
+            best, best_peak = repaired, peak
+            method += "+repair"
     return Solution(best, best_peak, bound, method, time.monotonic() - start)
