@@ -50,8 +50,14 @@ def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build_model(tables: Sequence[TableSpec], config: ModelConfig, device: torch.device) -> DLRMTrain:
-    """DLRM's dense arch must end in the embedding dimension, which must be shared by all tables."""
+def build_model(
+    tables: Sequence[TableSpec], config: ModelConfig, device: torch.device, embedding_device: str = "meta"
+) -> DLRMTrain:
+    """DLRM's dense arch must end in the embedding dimension, which must be shared by all tables.
+
+    Tables go on the meta device by default: DistributedModelParallel materialises only the
+    shards each rank holds. An unsharded reference model passes embedding_device="cpu".
+    """
     dims = {t.embedding_dim for t in tables}
     if len(dims) != 1:
         raise ConfigError(f"model: DLRM's interaction needs one embedding_dim for all tables, got {sorted(dims)}")
@@ -59,7 +65,7 @@ def build_model(tables: Sequence[TableSpec], config: ModelConfig, device: torch.
     dense_arch = list(config.dense_arch)
     if dense_arch[-1] != dim:
         dense_arch.append(dim)  # the interaction needs the dense vector in embedding space
-    ebc = EmbeddingBagCollection(tables=embedding_configs(tables), device=torch.device("meta"))
+    ebc = EmbeddingBagCollection(tables=embedding_configs(tables), device=torch.device(embedding_device))
     if config.arch == "dlrm":
         dlrm = DLRM(ebc, config.num_dense_features, dense_arch, list(config.over_arch), dense_device=device)
     else:

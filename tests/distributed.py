@@ -1,0 +1,39 @@
+"""Run a function on N real processes over gloo and collect rank 0's result."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, result_path, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+        if rank == 0:
+            with open(result_path, "wb") as f:
+                pickle.dump(result, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(fn, world: int = 2, *args):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "result.pkl")
+        mp.start_processes(_entry, args=(world, _free_port(), path, fn, args), nprocs=world, join=True, start_method="spawn")
+        with open(path, "rb") as f:
+            return pickle.load(f)
