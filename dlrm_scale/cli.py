@@ -102,7 +102,25 @@ def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
     return "\n".join(lines)
 
 
+def preflight(args: argparse.Namespace, rest: list[str]) -> None:
+    """The trainer's config and plan checks, run here so a mistake is one line, not a torchrun report."""
+    trainer = argparse.ArgumentParser(add_help=False)
+    trainer.add_argument("--config")
+    trainer.add_argument("--plan")
+    known, _ = trainer.parse_known_args(rest)
+    if not known.config:
+        raise ConfigError("train: give --config CONFIG.yaml")
+    nodes = int(args.nnodes) if str(args.nnodes).isdigit() else None
+    cluster = {"world_size": args.nproc_per_node * nodes, "ranks_per_node": args.nproc_per_node} if nodes else {}
+    problem = load_problem(known.config, cluster_overrides=cluster)
+    if known.plan and nodes:
+        from dlrm_scale.train import check_plan_matches
+
+        check_plan_matches(Plan.load(known.plan), problem, args.nproc_per_node * nodes)
+
+
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:
+    preflight(args, rest)
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     cmd = [torchrun, f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
     if args.rdzv_endpoint:

@@ -63,6 +63,15 @@ class CommMeter:
             self._count(inp, _nbytes(inp) * (world - 1))
 
     @contextlib.contextmanager
+    def paused(self):
+        """Collectives inside (evaluation, say) are not counted."""
+        saved = (self.embedding_bytes, self.id_bytes)
+        try:
+            yield self
+        finally:
+            self.embedding_bytes, self.id_bytes = saved
+
+    @contextlib.contextmanager
     def attached(self):
         originals = {name: getattr(dist, name) for name in WRAPPED}
 

@@ -13,6 +13,7 @@ import time
 from typing import Sequence
 
 import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints
@@ -140,7 +141,8 @@ def torchrec_planner_plan(problem: PlanningProblem) -> tuple[Plan, float]:
         constraints=estimates.constraints,
     )
     start = time.perf_counter()
-    sharding_plan = planner.plan(estimates.collection, [WideEmbeddingBagCollectionSharder()])
+    # TorchRec as users get it: its stock sharder (no row-wise schemes on CPU).
+    sharding_plan = planner.plan(estimates.collection, [EmbeddingBagCollectionSharder()])
     seconds = time.perf_counter() - start
     shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in problem.tables}
     cluster = problem.cluster

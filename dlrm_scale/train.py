@@ -105,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm_scale.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML config (tables, training, model, train sections)")
     p.add_argument("--plan", help="plan JSON from 'dlrm-scale plan'; default: plan on rank 0 at start")
+    p.add_argument("--planner", choices=["ours", "torchrec"], default="ours",
+                   help="who plans at start when no --plan is given (torchrec: its EmbeddingShardingPlanner)")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", type=int, help="per rank")
     p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16 (fp32, fp16, bf16, int8)")
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         check_keys(model_section, ModelConfig.__dataclass_fields__, "config: model")
         model_config = ModelConfig(**model_section)
         train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
-        plan = obtain_plan(args.plan, problem, rank, world)
+        plan = obtain_plan(args.plan, args.planner, problem, rank, world)
         out_dir = Path(args.out_dir)
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -187,12 +189,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def obtain_plan(path: str | None, problem: PlanningProblem, rank: int, world: int) -> Plan:
+def obtain_plan(path: str | None, planner: str, problem: PlanningProblem, rank: int, world: int) -> Plan:
     """The given plan, validated against the model; or one made on rank 0 and broadcast."""
     if path:
         plan = Plan.load(path)
     else:
-        box = [make_plan(problem).to_dict() if rank == 0 else None]
+        box = [None]
+        if rank == 0:
+            if planner == "torchrec":
+                from dlrm_scale.torchrec_cost import torchrec_planner_plan
+
+                box[0] = torchrec_planner_plan(problem)[0].to_dict()
+            else:
+                box[0] = make_plan(problem).to_dict()
         dist.broadcast_object_list(box, src=0)
         plan = Plan.from_dict(box[0], source="broadcast plan")
     check_plan_matches(plan, problem, world)

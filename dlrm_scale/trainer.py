@@ -18,6 +18,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from dlrm_scale.comm_meter import CommMeter
 from dlrm_scale.data import SyntheticData
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
@@ -71,8 +72,9 @@ class Trainer:
         self.data = SyntheticData(problem.tables, nd, config.batch_size, config.seed, rank)
         self.eval_data = SyntheticData(problem.tables, nd, config.batch_size, config.seed + EVAL_SEED_OFFSET, rank)
         tr = problem.training
-        self.comm_bytes = embedding_comm_bytes(plan, config.batch_size, tr.fwd_comm_precision, tr.bwd_comm_precision)
-        self.comm_bytes_fp32 = embedding_comm_bytes(plan, config.batch_size, "fp32", "fp32")
+        self.predicted_bytes = embedding_comm_bytes(plan, config.batch_size, tr.fwd_comm_precision, tr.bwd_comm_precision)
+        self.predicted_bytes_fp32 = embedding_comm_bytes(plan, config.batch_size, "fp32", "fp32")
+        self.meter = CommMeter()
         self.metrics = open(out_dir / "metrics.jsonl", "a") if rank == 0 else None
 
     def log(self, record: dict) -> None:
@@ -86,6 +88,10 @@ class Trainer:
             group["lr"] = base * factor
 
     def run(self) -> None:
+        with self.meter.attached():
+            self._run()
+
+    def _run(self) -> None:
         cfg = self.config
         self.model.train()
         batches = self.data.batches(0, cfg.steps)
@@ -112,9 +118,14 @@ class Trainer:
                 if not math.isfinite(loss_mean):
                     raise FloatingPointError(f"loss is {loss_mean} at step {step}")
                 samples_per_s = window_n * cfg.batch_size * self.world / elapsed
+                emb_bytes, id_bytes = self.meter.reset()
                 self.log({
                     "step": step + 1, "loss": loss_mean, "samples_per_s": samples_per_s,
-                    "comm_bytes": int(self.comm_bytes.max()), "comm_bytes_fp32": int(self.comm_bytes_fp32.max()),
+                    # measured on this rank, per step: embeddings and their gradients, and ids
+                    "comm_bytes": emb_bytes // window_n, "id_bytes": id_bytes // window_n,
+                    # the plan's count (planner.comm_volume), at this precision and at fp32
+                    "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
+                    "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
                 })
                 if self.rank == 0:
                     print(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s", flush=True)
@@ -122,7 +133,8 @@ class Trainer:
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
                 if pipeline is not None:
                     pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
-                self.evaluate(step + 1)
+                with self.meter.paused():
+                    self.evaluate(step + 1)
                 self.model.train()
                 if pipeline is not None and not last:
                     pipeline.attach()

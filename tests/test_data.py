@@ -1,0 +1,40 @@
+import numpy as np
+import torch
+
+from dlrm_scale.data import SyntheticData
+from planner.specs import TableSpec
+
+TABLES = [TableSpec("a", 10_000, 8, pooling_factor=5.0, zipf_exponent=1.2), TableSpec("b", 50, 8, pooling_factor=1.0)]
+
+
+def test_batches_are_deterministic_per_seed_rank_and_step():
+    d1, d2 = SyntheticData(TABLES, 3, 64, seed=1, rank=0), SyntheticData(TABLES, 3, 64, seed=1, rank=0)
+    a, b = d1.batch(7), d2.batch(7)
+    assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
+    assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+    other_rank = SyntheticData(TABLES, 3, 64, seed=1, rank=1).batch(7)
+    assert not torch.equal(a.dense_features, other_rank.dense_features)
+    assert not torch.equal(a.dense_features, d1.batch(8).dense_features)
+
+
+def test_pooling_factors_ids_in_range_and_skew():
+    data = SyntheticData(TABLES, 3, 4096, seed=0, rank=0)
+    kjt = data.batch(0).sparse_features.to_dict()
+    a, b = kjt["f_a"], kjt["f_b"]
+    assert abs(a.lengths().float().mean().item() - 5.0) < 0.2
+    assert torch.all(b.lengths() == 1)
+    assert a.values().min() >= 0 and a.values().max() < 10_000
+    counts = np.bincount(a.values().numpy(), minlength=10_000)
+    top = np.sort(counts)[::-1]
+    # Zipf 1.2: the 10 hottest rows take a large share; uniform ids would give ~0.1%
+    assert top[:10].sum() / counts.sum() > 0.3
+
+
+def test_labels_depend_on_the_features():
+    data = SyntheticData(TABLES, 3, 8192, seed=0, rank=0)
+    batch = data.batch(0)
+    y = batch.labels.numpy()
+    assert 0.2 < y.mean() < 0.8
+    # the hidden model uses the dense features: they must correlate with the labels
+    corr = np.corrcoef(batch.dense_features.numpy() @ data.dense_weights, y)[0, 1]
+    assert corr > 0.1
