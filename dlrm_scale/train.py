@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="per rank")
     p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16 (fp32, fp16, bf16, int8)")
     p.add_argument("--embedding-optimizer", choices=EMBEDDING_OPTIMIZERS)
-    p.add_argument("--data", choices=["synthetic"], default="synthetic")
+    p.add_argument("--data", choices=["synthetic", "criteo"], default="synthetic")
+    p.add_argument("--data-path", help="Criteo: a TSV file, a folder of TSV files, or TorchRec's preprocessed .npy folder")
     p.add_argument("--out-dir", default="out/train")
     p.add_argument("--seed", type=int)
     p.add_argument("--eval-every", type=int)
@@ -179,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             plan.save(out_dir / "plan.json")
-        trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir)
+        if args.data == "criteo" and not args.data_path:
+            raise ConfigError("--data criteo needs --data-path")
+        trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir,
+                          data_path=args.data_path if args.data == "criteo" else None)
         trainer.run()
         dist.barrier()
         dist.destroy_process_group()

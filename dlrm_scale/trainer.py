@@ -19,6 +19,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from dlrm_scale.comm_meter import CommMeter
+from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
@@ -56,7 +57,7 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
 
 
 class Trainer:
-    def __init__(self, problem, plan, model_config, config, device, rank, world, out_dir: Path) -> None:
+    def __init__(self, problem, plan, model_config, config, device, rank, world, out_dir: Path, data_path=None) -> None:
         self.problem, self.plan, self.config = problem, plan, config
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
@@ -69,8 +70,12 @@ class Trainer:
         self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         nd = model_config.num_dense_features
-        self.data = SyntheticData(problem.tables, nd, config.batch_size, config.seed, rank)
-        self.eval_data = SyntheticData(problem.tables, nd, config.batch_size, config.seed + EVAL_SEED_OFFSET, rank)
+        if data_path is None:
+            self.data = SyntheticData(problem.tables, nd, config.batch_size, config.seed, rank)
+            self.eval_data = SyntheticData(problem.tables, nd, config.batch_size, config.seed + EVAL_SEED_OFFSET, rank)
+        else:
+            self.data = criteo_data(data_path, problem.tables, nd, config.batch_size, rank, world, "train")
+            self.eval_data = criteo_data(data_path, problem.tables, nd, config.batch_size, rank, world, "eval")
         tr = problem.training
         self.predicted_bytes = embedding_comm_bytes(plan, config.batch_size, tr.fwd_comm_precision, tr.bwd_comm_precision)
         self.predicted_bytes_fp32 = embedding_comm_bytes(plan, config.batch_size, "fp32", "fp32")

@@ -62,3 +62,23 @@ def test_training_writes_metrics_with_auc(tmp_path: Path):
     final = [x for x in records if "auc" in x][-1]
     assert final["step"] == 200 and final["auc"] > 0.7
     assert (out / "plan.json").exists()
+
+
+def test_training_on_criteo_tsv_with_bad_lines(tmp_path: Path):
+    from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
+
+    data = write_criteo_tsv(tmp_path / "day_0.tsv", 3000, {10: BAD_LINES[1], 2000: BAD_LINES[4]})
+    config = tmp_path / "criteo_small.yaml"
+    config.write_text(
+        "hardware: cpu_gloo\ntraining: {batch_size_per_rank: 64}\n"
+        "model: {num_dense_features: 13, dense_arch: [16], over_arch: [16, 1]}\n"
+        "train: {log_every: 5, eval_batches: 2}\ntables:\n"
+        + "".join(f"  - {{name: c{i}, num_embeddings: {500 + i}, embedding_dim: 8}}\n" for i in range(26))
+    )
+    out = tmp_path / "o"
+    r = torchrun("--config", str(config), "--data", "criteo", "--data-path", str(data), "--steps", "20", "--out-dir", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{data}:10" in r.stderr and f"{data}:2000" in r.stderr
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records if "loss" in x] == [5, 10, 15, 20]
+    assert 0.0 <= [x for x in records if "auc" in x][-1]["auc"] <= 1.0
