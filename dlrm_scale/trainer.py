@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
@@ -81,11 +82,19 @@ class Trainer:
         self.predicted_bytes_fp32 = embedding_comm_bytes(plan, config.batch_size, "fp32", "fp32")
         self.meter = CommMeter()
         self.metrics = open(out_dir / "metrics.jsonl", "a") if rank == 0 else None
+        self.tensorboard = None
+        if rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(out_dir / "tensorboard"))
 
     def log(self, record: dict) -> None:
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
+            for key, value in record.items():
+                if key != "step":
+                    self.tensorboard.add_scalar(key, value, record["step"])
 
     def set_lr(self, step: int) -> None:
         factor = self.config.lr_factor(step)
@@ -102,6 +111,8 @@ class Trainer:
         batches = self.data.batches(0, cfg.steps)
         pipeline = TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.pipeline else None
         window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+        # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
+        progress = tqdm(total=cfg.steps, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
         for step in range(cfg.steps):
             self.set_lr(step)
             if pipeline is not None:
@@ -114,6 +125,7 @@ class Trainer:
                 self.optimizer.step()
             window_loss += float(loss.detach())
             window_n += 1
+            progress.update(1)
             last = step == cfg.steps - 1
             if (step + 1) % cfg.log_every == 0 or last:
                 elapsed = time.perf_counter() - window_start
@@ -132,8 +144,9 @@ class Trainer:
                     "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
                     "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
                 })
+                progress.set_postfix(loss=f"{loss_mean:.4f}", samples_per_s=f"{samples_per_s:,.0f}")
                 if self.rank == 0:
-                    print(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s", flush=True)
+                    tqdm.write(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s")
                 window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
                 if pipeline is not None:
@@ -144,8 +157,10 @@ class Trainer:
                 if pipeline is not None and not last:
                     pipeline.attach()
                 window_start = time.perf_counter()
+        progress.close()
         if self.metrics:
             self.metrics.close()
+            self.tensorboard.close()
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict:

@@ -62,6 +62,7 @@ def test_training_writes_metrics_with_auc(tmp_path: Path):
     final = [x for x in records if "auc" in x][-1]
     assert final["step"] == 200 and final["auc"] > 0.7
     assert (out / "plan.json").exists()
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_training_on_criteo_tsv_with_bad_lines(tmp_path: Path):
