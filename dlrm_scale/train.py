@@ -84,6 +84,21 @@ def parse_comm_precision(text: str) -> tuple[str, str]:
     return fwd, bwd
 
 
+ROW_WISE_SCHEMES = ("row_wise", "table_row_wise")
+
+
+def check_precision_supported(plan: Plan, fwd: str, bwd: str) -> None:
+    """FBGEMM 1.8's int8 codec needs a quantization context that TorchRec's reduce-scatter
+    (used by the row-wise schemes) does not pass: it fails with 'Unexpected None'."""
+    if "int8" in (fwd, bwd):
+        rw = [n for n, t in plan.tables.items() if t.sharding_type in ROW_WISE_SCHEMES]
+        if rw:
+            raise ConfigError(
+                f"int8 comms cannot run with row-wise table '{rw[0]}' (FBGEMM's int8 codec fails in TorchRec's "
+                f"reduce-scatter); use --comm-precision fwd=fp16,bwd=bf16, or a plan without row-wise tables"
+            )
+
+
 def check_plan_matches(plan: Plan, problem: PlanningProblem, world_size: int) -> None:
     if plan.world_size != world_size:
         raise PlanFormatError(f"plan is for {plan.world_size} ranks but the job has {world_size}; re-plan with --world-size {world_size}")
@@ -176,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         model_config = ModelConfig(**model_section)
         train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
         plan = obtain_plan(args.plan, args.planner, problem, rank, world)
+        check_precision_supported(plan, problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
         out_dir = Path(args.out_dir)
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)

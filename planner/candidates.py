@@ -20,10 +20,10 @@ def compute_kernel_for(sharding_type: ShardingType) -> str:
     return "dense" if sharding_type is ShardingType.DATA_PARALLEL else "fused"
 
 
-def option_requests(table: TableSpec, cluster: ClusterSpec) -> list[OptionRequest]:
+def option_requests(table: TableSpec, cluster: ClusterSpec, int8_comms: bool = False) -> list[OptionRequest]:
     requests = []
     for sharding_type in ShardingType:
-        for n in shard_counts(table, sharding_type, cluster):
+        for n in shard_counts(table, sharding_type, cluster, int8_comms):
             requests.append(
                 OptionRequest(
                     table=table,
@@ -52,12 +52,13 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
     Raises InfeasiblePlanError naming the first table none of whose options fits on a rank.
     """
     cluster = problem.cluster
+    int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
     representative: dict[tuple, TableSpec] = {}
     for table in problem.tables:
         representative.setdefault(_signature(table), table)
     requests, owners = [], []
     for sig, table in representative.items():
-        for req in option_requests(table, cluster):
+        for req in option_requests(table, cluster, int8):
             requests.append(req)
             owners.append(sig)
     costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}

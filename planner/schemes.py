@@ -47,9 +47,17 @@ def shard_geometry(table: TableSpec, sharding_type: ShardingType, num_shards: in
     raise ValueError(f"unknown sharding type {sharding_type!r}")
 
 
-def shard_counts(table: TableSpec, sharding_type: ShardingType, cluster: ClusterSpec) -> list[int]:
-    """The shard counts worth considering for this table and scheme on this cluster."""
+def shard_counts(
+    table: TableSpec, sharding_type: ShardingType, cluster: ClusterSpec, int8_comms: bool = False
+) -> list[int]:
+    """The shard counts worth considering for this table and scheme on this cluster.
+
+    With int8 comms the row-wise schemes are left out: FBGEMM 1.8's int8 codec fails inside
+    TorchRec's reduce-scatter, so such a plan could not train.
+    """
     world, local = cluster.world_size, cluster.ranks_per_node
+    if int8_comms and sharding_type in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        return []
     if sharding_type is ShardingType.TABLE_WISE:
         return [1]
     if sharding_type in (ShardingType.DATA_PARALLEL, ShardingType.ROW_WISE):

@@ -83,3 +83,30 @@ def test_training_on_criteo_tsv_with_bad_lines(tmp_path: Path):
     records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records if "loss" in x] == [5, 10, 15, 20]
     assert 0.0 <= [x for x in records if "auc" in x][-1]["auc"] <= 1.0
+
+
+def test_int8_comms_on_a_table_wise_plan(tmp_path: Path):
+    out = tmp_path / "o"
+    r = torchrun("--config", "configs/tiny.yaml", "--steps", "20", "--comm-precision", "int8", "--out-dir", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if "comm_bytes" in l]
+    # dim 16: 16 payload bytes per row plus the codec's per-row scale and bias, against 64 in fp32
+    assert all(0 < x["comm_bytes"] < 0.5 * x["comm_bytes_fp32_predicted"] for x in steps)
+
+
+def test_int8_with_row_wise_tables_is_refused(tmp_path: Path):
+    from planner.plan import Plan, PlannedShard, TablePlan
+    from planner.config import load_problem
+
+    problem = load_problem("configs/tiny.yaml")
+    tables = {}
+    for t in problem.tables:
+        half = (t.num_embeddings + 1) // 2
+        tables[t.name] = TablePlan("row_wise", "fused", t.num_embeddings, t.embedding_dim, (
+            PlannedShard(0, 0, 0, half, t.embedding_dim, "ddr"),
+            PlannedShard(1, half, 0, t.num_embeddings - half, t.embedding_dim, "ddr")))
+    plan = tmp_path / "rw.json"
+    Plan(2, 2, tables, (), 0.0, 0.0).save(plan)
+    r = torchrun("--config", "configs/tiny.yaml", "--plan", str(plan), "--comm-precision", "int8", "--steps", "2", "--out-dir", str(tmp_path / "o"))
+    assert r.returncode != 0
+    assert "error: int8 comms cannot run with row-wise table 't_large'" in r.stderr

@@ -117,3 +117,21 @@ def test_shards_land_where_the_plan_says(tmp_path):
             want = sorted((s.row_offset, s.col_offset, s.rows, s.cols) for s in t.shards if s.rank == rank and s.rows)
             got = [b for b in blocks.get(name, []) if b[2]]
             assert got == want, (rank, name)
+
+
+def metrics(out_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("fwd, bwd, max_ratio", [("fp16", "bf16", 0.52), ("bf16", "fp16", 0.52)])
+def test_quantized_comms_cut_measured_bytes_and_keep_the_loss(tmp_path, fwd, bwd, max_ratio):
+    base, quant = tmp_path / "fp32", tmp_path / "q"
+    base.mkdir()
+    quant.mkdir()
+    run_on_ranks(_train_sharded, 2, str(base), "fp32", "fp32", False, 4)
+    run_on_ranks(_train_sharded, 2, str(quant), fwd, bwd, False, 4)
+    b = [m for m in metrics(base) if "comm_bytes" in m]
+    q = [m for m in metrics(quant) if "comm_bytes" in m]
+    assert all(m["comm_bytes"] > 0 for m in b)
+    assert all(mq["comm_bytes"] <= max_ratio * mb["comm_bytes"] for mb, mq in zip(b, q))
+    assert [m["loss"] for m in q] == pytest.approx([m["loss"] for m in b], abs=2e-3)
