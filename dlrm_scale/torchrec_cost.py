@@ -28,7 +28,7 @@ from dlrm_scale.sharding import from_sharding_plan
 from planner.cost_model import OptionRequest
 from planner.plan import Plan
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec
-from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from planner.types import Perf, ShardCost, ShardingOption, Storage
 
 GB_PER_S_TO_BYTES_PER_MS = 1e9 / 1e3
 
@@ -125,10 +125,8 @@ class TorchRecCostModel:
         self.estimates.estimate(tr_options)
         out = []
         for req, tro in zip(requests, tr_options):
-            shards = tuple(
-                ShardCost(g, _perf(s.perf), _storage(s.storage)) for g, s in zip(req.geometries, tro.shards)
-            )
-            out.append(ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, shards))
+            shards = tuple(ShardCost(_perf(s.perf), _storage(s.storage)) for s in tro.shards)
+            out.append(ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries, shards))
         return out
 
 

@@ -41,9 +41,8 @@ def _signature(table: TableSpec) -> tuple:
 
 
 def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
-    return all(
-        max(s.storage.of_tier(tier) for s in option.shards) <= cluster.capacity_bytes_per_rank(tier) for tier in TIERS
-    )
+    largest = option.shard_bytes.max(axis=0)
+    return all(int(largest[i]) <= cluster.capacity_bytes_per_rank(tier) for i, tier in enumerate(TIERS))
 
 
 def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:

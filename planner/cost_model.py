@@ -147,14 +147,16 @@ class AnalyticCostModel:
     def estimate(self, requests: Sequence[OptionRequest]) -> list[ShardingOption]:
         options = []
         for req in requests:
-            cache: dict[ShardGeometry, ShardCost] = {}
+            cache: dict[tuple[int, int], ShardCost] = {}  # RW and DP repeat one block shape on many ranks
             shards = []
             for g in req.geometries:
-                if g not in cache:  # RW and DP repeat the same block on many ranks
-                    cache[g] = ShardCost(g, self.shard_perf(req, g), self.shard_storage(req, g))
-                shards.append(cache[g])
+                key = (g.rows, g.cols)
+                cost = cache.get(key)
+                if cost is None:
+                    cost = cache[key] = ShardCost(self.shard_perf(req, g), self.shard_storage(req, g))
+                shards.append(cost)
             options.append(
-                ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, tuple(shards))
+                ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries, tuple(shards))
             )
         return options
 

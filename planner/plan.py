@@ -81,15 +81,14 @@ class Plan:
             option = solution.assignment.choice[name]
             ranks = solution.assignment.shard_ranks[name]
             shards = []
-            for shard, rank in zip(option.shards, ranks):
-                g = shard.geometry
+            for g, shard, rank in zip(option.geometries, option.shards, ranks):
                 shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier))
                 perf[rank] = perf[rank] + shard.perf
                 memory[rank] = memory[rank] + shard.storage
-            first = option.shards[0].geometry
-            rows = sum(s.geometry.rows for s in option.shards) if option.sharding_type in (
+            first = option.geometries[0]
+            rows = sum(g.rows for g in option.geometries) if option.sharding_type in (
                 ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE) else first.rows
-            cols = sum(s.geometry.cols for s in option.shards) if option.sharding_type in (
+            cols = sum(g.cols for g in option.geometries) if option.sharding_type in (
                 ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE) else first.cols
             tables[name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards))
         rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))

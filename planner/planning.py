@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from planner.candidates import enumerate_options
 from planner.cost_model import AnalyticCostModel, CostModel
 from planner.plan import Plan
 from planner.solver import SolverConfig, solve
 from planner.specs import PlanningProblem
 
+# The solver always gets at least this share of the time limit, however long costing took.
+MIN_SOLVER_SHARE = 0.2
+
 
 def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, config: SolverConfig | None = None) -> Plan:
+    """Cost every candidate, then solve; `config.time_limit_s` bounds the two together."""
+    start = time.monotonic()
+    config = config or SolverConfig()
     cost_model = cost_model or AnalyticCostModel(problem.cluster, problem.training)
     options = enumerate_options(problem, cost_model)
-    solution = solve(options, problem.cluster, config or SolverConfig())
+    left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
+    solution = solve(options, problem.cluster, config, deadline_s=time.monotonic() + left)
     return Plan.from_solution(solution, problem.cluster, [t.name for t in problem.tables], cost_model.name)

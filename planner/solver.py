@@ -92,20 +92,28 @@ def warm_start(
     return best
 
 
-def solve(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, config: SolverConfig) -> Solution:
+def solve(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    cluster: ClusterSpec,
+    config: SolverConfig,
+    deadline_s: float | None = None,
+) -> Solution:
+    """Plan over costed options. CP-SAT's budgets are deterministic time, fixed by
+    `config.time_limit_s`, so the answer depends on the input only; the wall-clock
+    `deadline_s` (default: now + time_limit_s) is a safety net for a slow machine."""
     start = time.monotonic()
-    deadline = start + config.time_limit_s
+    deadline = deadline_s if deadline_s is not None else start + config.time_limit_s
+    budget = config.time_limit_s  # deterministic seconds, split between the stages below
     world = cluster.world_size
     bound = lower_bound_ms(options_by_table, world)
     unit_ms = max(bound, 1e-9) / 20_000  # 0.005% of the bound per integer tick
-    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + config.time_limit_s * 0.4)
+    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + (deadline - start) * 0.4)
     best_peak, method = _peak(best, world), "greedy"
 
     target = bound * (1 + config.target_gap)
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
-        remaining = deadline - time.monotonic()
         result = solve_class_model(
-            options_by_table, cluster, best, unit_ms, remaining * 0.7, remaining * 0.9, config.seed, bound, config.target_gap
+            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
         )
         if result is not None:
             if result.bound_ms is not None:
@@ -116,9 +124,8 @@ def solve(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: Clu
                     best, best_peak = result.assignment, peak
                 method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
     elif best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
-        remaining = deadline - time.monotonic()
         result = solve_joint(
-            options_by_table, cluster, best, unit_ms, remaining * 0.7, remaining * 0.9, config.seed, bound, config.target_gap
+            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
         )
         if result is not None:
             bound = max(bound, result.bound_ms)
@@ -128,7 +135,7 @@ def solve(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: Clu
     if best_peak > max(target, bound * (1 + config.target_gap)) and deadline > time.monotonic():
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
-            (deadline - time.monotonic()) * 0.9, deadline, config.seed, config.repair_neighbourhood_ranks,
+            budget * 0.3, deadline, config.seed, config.repair_neighbourhood_ranks,
         )
         peak = _peak(repaired, world)
         if peak < best_peak:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -98,9 +99,11 @@ class Storage:
         return {tier: self.of_tier(tier) for tier in TIERS}
 
 
-@dataclass(frozen=True)
-class ShardGeometry:
-    """The block of a table a shard holds: rows [row_offset, row_offset+rows) and likewise cols."""
+class ShardGeometry(NamedTuple):
+    """The block of a table a shard holds: rows [row_offset, row_offset+rows) and likewise cols.
+
+    A named tuple, not a dataclass: a row-wise option on 1,024 ranks has 1,024 of them.
+    """
 
     row_offset: int
     col_offset: int
@@ -110,9 +113,8 @@ class ShardGeometry:
 
 @dataclass(frozen=True)
 class ShardCost:
-    """A shard with its estimated step time and storage."""
+    """A shard's estimated step time and storage; shards of equal shape share one."""
 
-    geometry: ShardGeometry
     perf: Perf
     storage: Storage
 
@@ -125,21 +127,28 @@ class ShardingOption:
     sharding_type: ShardingType
     compute_kernel: str
     tier: str
-    shards: tuple[ShardCost, ...]
+    geometries: tuple[ShardGeometry, ...]
+    shards: tuple[ShardCost, ...]  # the cost of each shard, in the order of `geometries`
     placement: Placement = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "placement", PLACEMENT_OF[self.sharding_type])
+        if len(self.geometries) != len(self.shards):
+            raise ValueError(f"option for '{self.table}': {len(self.geometries)} shards but {len(self.shards)} costs")
+
+    def _per_shard(self, value) -> list:
+        distinct = {id(s): value(s) for s in self.shards}  # usually one or two distinct costs
+        return [distinct[id(s)] for s in self.shards]
 
     @cached_property
     def shard_ms(self) -> np.ndarray:
         """Step time of each shard, as an array for fast load arithmetic."""
-        return np.array([s.perf.total_ms for s in self.shards])
+        return np.array(self._per_shard(lambda s: s.perf.total_ms))
 
     @cached_property
     def shard_bytes(self) -> np.ndarray:
         """Bytes of each shard per tier (rows: shards, columns: TIERS)."""
-        return np.array([[s.storage.of_tier(t) for t in TIERS] for s in self.shards], dtype=np.int64)
+        return np.array(self._per_shard(lambda s: [s.storage.of_tier(t) for t in TIERS]), dtype=np.int64)
 
     @cached_property
     def total_ms(self) -> float:
