@@ -1,4 +1,4 @@
-"""`dlrm-scale` command line: plan | train.
+"""`dlrm-scale` command line: plan | train | calibrate.
 
 Errors a user can cause end in one line on stderr and exit code 2, never a traceback.
 """
@@ -44,6 +44,27 @@ def add_train_parser(sub) -> None:
     p.add_argument("--nnodes", default="1", help="torchrun --nnodes, e.g. 2 or 1:4 for elastic")
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous for multi-node jobs")
     p.add_argument("--rdzv-id", default="dlrm-scale")
+
+
+def add_calibrate_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
+    p.add_argument("--out", required=True, help="profile to write, e.g. configs/hardware/mybox.yaml")
+    p.add_argument("--nproc", type=int, default=2, help="ranks per node to measure collectives with")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute)")
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from dlrm_scale.calibrate import CalibrationConfig, calibrate
+
+    cfg = CalibrationConfig(nproc=args.nproc)
+    if args.quick:
+        cfg = CalibrationConfig(nproc=args.nproc, dims=(16, 128), pooling_factors=(1, 16), rows=(100_000,), repeats=2,
+                                comm_sizes_bytes=(1 << 14, 1 << 20, 1 << 22))
+    profile = calibrate(Path(args.out), cfg)
+    for key, value in profile.items():
+        print(f"{key:>24}: {value}")
+    print(f"wrote {args.out}")
+    return 0
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -134,13 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_plan_parser(sub)
     add_train_parser(sub)
+    add_calibrate_parser(sub)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
             return run_train(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return run_plan(args)
+        return {"plan": run_plan, "calibrate": run_calibrate}[args.command](args)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

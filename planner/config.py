@@ -42,7 +42,11 @@ PROFILE_KEYS = {
     "inter_node_gb_per_s": "inter_node_gb_per_s",
     "kernel_launch_ms": "kernel_launch_ms",
     "collective_latency_ms": "collective_latency_ms",
+    "lookup_fwd_ns": "lookup_fwd_ns",
+    "lookup_bwd_ns": "lookup_bwd_ns",
+    "dense_gflops": "dense_gflops",
     "source": None,
+    "calibrated": None,
 }
 TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))
 

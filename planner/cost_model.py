@@ -67,24 +67,28 @@ def optimizer_state_bytes(rows: int, cols: int, optimizer: str) -> int:
     return 4 * (per_weight * rows * cols + per_row * rows)
 
 
-def lookup_fwd_ms(num_lookups: float, cols: int, tier_gb_per_s: float, launch_ms: float) -> float:
+def lookup_fwd_ms(num_lookups: float, cols: int, tier_gb_per_s: float, launch_ms: float, per_id_ns: float = 0.0) -> float:
     """Forward pooled lookup: each id reads one row of `cols` fp32 weights from its tier.
 
     Assumes the kernel is bound by the tier's bandwidth (rows are scattered, so no reuse
-    across ids is credited) plus a fixed launch cost per shard.
+    across ids is credited), plus a fixed cost per id (index handling; small on a GPU, the
+    larger part on a CPU) and a fixed launch cost per shard.
     """
-    return transfer_ms(num_lookups * cols * WEIGHT_BYTES, tier_gb_per_s) + launch_ms
+    return transfer_ms(num_lookups * cols * WEIGHT_BYTES, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
 
 
-def lookup_bwd_ms(num_lookups: float, cols: int, optimizer: str, tier_gb_per_s: float, launch_ms: float) -> float:
+def lookup_bwd_ms(
+    num_lookups: float, cols: int, optimizer: str, tier_gb_per_s: float, launch_ms: float, per_id_ns: float = 0.0
+) -> float:
     """Backward with the optimizer fused in: per id, read and write the row and its state.
 
     Assumes every looked-up row is read and written once per id (duplicates not merged),
-    so twice the forward's row bytes plus twice the per-row optimizer state.
+    so twice the forward's row bytes plus twice the per-row optimizer state, plus a fixed
+    cost per id (sorting and deduplicating ids dominates FBGEMM's CPU backward).
     """
     state_row_bytes = optimizer_state_bytes(1, cols, optimizer)
     bytes_touched = num_lookups * 2 * (cols * WEIGHT_BYTES + state_row_bytes)
-    return transfer_ms(bytes_touched, tier_gb_per_s) + launch_ms
+    return transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
 
 
 def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float) -> float:
@@ -181,8 +185,8 @@ class AnalyticCostModel:
         else:
             lookups = global_batch * pooling
 
-        fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch)
-        bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch)
+        fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch, cl.lookup_fwd_ns)
+        bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch, cl.lookup_bwd_ns)
         if st is ShardingType.DATA_PARALLEL:
             bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw)
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)

@@ -1,0 +1,230 @@
+"""`dlrm-scale calibrate`: measure this machine and fit the cost model's constants.
+
+Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets one core):
+- FBGEMM's table-batched embedding forward, and forward+backward with the fused optimizer,
+  over rows, dims and pooling factors, with rows in host memory (the CPU tier);
+- all-to-all and all-reduce over the process group backend (gloo on CPU) for N ranks;
+- dense MLP forward+backward throughput.
+Fits are least squares on relative error of the cost model's own formulas
+(planner/cost_model.py), so the profile's constants mean exactly what the planner uses.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tqdm import tqdm
+
+from planner.config import GIB
+from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
+from planner.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    nproc: int = 2
+    batch_size: int = 2048
+    dims: tuple[int, ...] = (16, 64, 128)
+    pooling_factors: tuple[int, ...] = (1, 8, 32)
+    rows: tuple[int, ...] = (100_000, 2_000_000)
+    comm_sizes_bytes: tuple[int, ...] = (1 << 14, 1 << 18, 1 << 21, 1 << 23)
+    repeats: int = 5
+    optimizer: str = "rowwise_adagrad"
+
+    def __post_init__(self) -> None:
+        if self.nproc < 2:
+            raise ConfigError("calibrate: --nproc must be at least 2 to measure collectives")
+        if self.repeats < 1:
+            raise ConfigError("calibrate: repeats must be >= 1")
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0: drop the most negative unknown and refit until none is."""
+    active = list(range(a.shape[1]))
+    while True:
+        x_active, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if np.all(x_active >= 0) or not active:
+            x = np.zeros(a.shape[1])
+            x[active] = x_active
+            return x
+        active.pop(int(np.argmin(x_active)))
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up: first-touch allocation and caches
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> list[dict]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    optimizer = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}[cfg.optimizer]
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for rows in cfg.rows:
+        for dim in cfg.dims:
+            tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=optimizer, learning_rate=0.01
+            )
+            for pooling in cfg.pooling_factors:
+                lookups = cfg.batch_size * pooling
+                ids = torch.randint(0, rows, (lookups,), generator=gen)
+                offsets = torch.arange(0, lookups + 1, pooling)
+                fwd = _time(lambda: tbe(ids, offsets), cfg.repeats)
+
+                def step():
+                    out = tbe(ids, offsets)
+                    out.backward(torch.ones_like(out))
+
+                both = _time(step, cfg.repeats)
+                samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
+                                "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
+                if progress:
+                    progress.update(1)
+            del tbe
+    return samples
+
+
+def fit_embedding(samples: list[dict], optimizer: str) -> dict[str, float]:
+    """launch, per-id forward and backward costs and bandwidth of cost_model.lookup_*_ms."""
+    rows, targets = [], []
+    for s in samples:
+        fwd_bytes = s["lookups"] * s["dim"] * WEIGHT_BYTES
+        bwd_bytes = s["lookups"] * 2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer))
+        # unknowns: launch ms, fwd ns/id, bwd ns/id, ms per byte
+        rows.append([1.0, s["lookups"] * 1e-6, 0.0, fwd_bytes])
+        targets.append(s["fwd_ms"])
+        rows.append([1.0, 0.0, s["lookups"] * 1e-6, bwd_bytes])
+        targets.append(s["bwd_ms"])
+    a, b = np.array(rows), np.array(targets)
+    x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))  # relative error
+    ms_per_byte = max(x[3], 1e-12)
+    return {
+        "kernel_launch_ms": float(x[0]),
+        "lookup_fwd_ns": float(x[1]),
+        "lookup_bwd_ns": float(x[2]),
+        "ddr_gb_per_s": float(1.0 / (ms_per_byte * 1e6)),
+    }
+
+
+def _comm_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repeats: int, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = []
+    for size in sizes:
+        n = max(world, size // 4 // world * world)
+        src, out = torch.ones(n), torch.empty(n)
+        dist.barrier()
+        a2a = _time(lambda: dist.all_to_all_single(out, src), repeats)
+        dist.barrier()
+        ar = _time(lambda: dist.all_reduce(src), repeats)
+        results.append({"bytes": n * 4, "all_to_all_ms": a2a, "all_reduce_ms": ar})
+    if rank == 0:
+        queue.put(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def comm_samples(cfg: CalibrationConfig) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_comm_worker, args=(r, cfg.nproc, port, cfg.comm_sizes_bytes, cfg.repeats, queue)) for r in range(cfg.nproc)]
+    for p in procs:
+        p.start()
+    results = queue.get(timeout=600)
+    for p in procs:
+        p.join()
+    return results
+
+
+def fit_comms(samples: list[dict], world: int) -> dict[str, float]:
+    """Latency and per-rank link bandwidth of cost_model.all_to_all_ms / all_reduce_ms on one node."""
+    rows, targets = [], []
+    for s in samples:
+        rows.append([1.0, s["bytes"] * (world - 1) / world])
+        targets.append(s["all_to_all_ms"])
+        rows.append([1.0, 2 * s["bytes"] * (world - 1) / world])
+        targets.append(s["all_reduce_ms"])
+    a, b = np.array(rows), np.array(targets)
+    x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))
+    gb_per_s = 1.0 / (max(x[1], 1e-12) * 1e6)
+    return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": gb_per_s, "inter_node_gb_per_s": gb_per_s}
+
+
+def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), repeats: int = 5) -> float:
+    torch.set_num_threads(1)
+    layers, d = [], 13
+    for w in widths:
+        layers += [torch.nn.Linear(d, w), torch.nn.ReLU()]
+        d = w
+    mlp = torch.nn.Sequential(*layers)
+    x = torch.randn(batch, 13)
+    flops = 3 * 2 * batch * sum(a * b for a, b in zip((13, *widths[:-1]), widths))  # fwd + 2x bwd
+
+    def step():
+        mlp(x).sum().backward()
+
+    return flops / (_time(step, repeats) * 1e-3) / 1e9
+
+
+def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
+    if not out.parent.exists():
+        raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
+    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 2
+    with tqdm(total=total, desc="calibrating", unit="bench") as progress:
+        emb = embedding_samples(cfg, progress)
+        comms = comm_samples(cfg)
+        progress.update(1)
+        gflops = dense_gflops()
+        progress.update(1)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    disk = shutil.disk_usage(out.parent).free
+    profile = {
+        "name": name or out.stem,
+        "device": "cpu",
+        "ranks_per_node": cfg.nproc,
+        "ddr_gib_per_node": round(memory / GIB * 0.8, 1),  # leave a fifth to the OS and the dense model
+        "ssd_gib_per_node": round(disk / GIB * 0.8, 1),
+        "hbm_gb_per_s": 1.0,
+        "ssd_gb_per_s": 0.5,
+        **fit_embedding(emb, cfg.optimizer),
+        **fit_comms(comms, cfg.nproc),
+        "dense_gflops": gflops,
+    }
+    header = (
+        f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
+        f"{datetime.date.today().isoformat()}, {cfg.nproc} ranks over gloo.\n"
+        "# Fitted to planner/cost_model.py's formulas; the raw samples are in the .samples.json beside it.\n"
+    )
+    lines = [f"{k}: {round(v, 6) if isinstance(v, float) else v}" for k, v in profile.items()]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(header + "\n".join(lines) + "\n")
+    tmp.replace(out)
+    import json
+
+    out.with_suffix(".samples.json").write_text(json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops}, indent=1))
+    return profile
