@@ -1,4 +1,4 @@
-"""`dlrm-scale` command line: plan | train | calibrate.
+"""`dlrm-scale` command line: plan | train | calibrate | simulate.
 
 Errors a user can cause end in one line on stderr and exit code 2, never a traceback.
 """
@@ -44,6 +44,44 @@ def add_train_parser(sub) -> None:
     p.add_argument("--nnodes", default="1", help="torchrun --nnodes, e.g. 2 or 1:4 for elastic")
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous for multi-node jobs")
     p.add_argument("--rdzv-id", default="dlrm-scale")
+
+
+def add_simulate_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="per-rank cost breakdown, step time and memory of a plan")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--config", required=True, help="the config the plan is for (tables, model, training)")
+    p.add_argument("--hardware", help="hardware profile (default: the config's)")
+    p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16")
+    p.add_argument("--json", help="also write the simulation as JSON here")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.simulate import simulate
+    from planner.config import check_keys, read_yaml
+
+    plan = Plan.load(args.plan)
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
+    if args.comm_precision:
+        from dlrm_scale.train import parse_comm_precision
+
+        fwd, bwd = parse_comm_precision(args.comm_precision)
+        training.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
+    problem = load_problem(args.config, None, args.hardware,
+                           {"world_size": plan.world_size, "ranks_per_node": plan.ranks_per_node}, training)
+    from dlrm_scale.train import check_plan_matches
+
+    check_plan_matches(plan, problem, plan.world_size)
+    section = dict(read_yaml(Path(args.config), "config").get("model", {}) or {})
+    check_keys(section, ModelConfig.__dataclass_fields__, "config: model")
+    result = simulate(plan, problem, ModelConfig(**section))
+    print(result.format())
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
 
 
 def add_calibrate_parser(sub) -> None:
@@ -156,13 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     add_plan_parser(sub)
     add_train_parser(sub)
     add_calibrate_parser(sub)
+    add_simulate_parser(sub)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
             return run_train(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return {"plan": run_plan, "calibrate": run_calibrate}[args.command](args)
+        return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate}[args.command](args)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

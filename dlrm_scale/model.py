@@ -74,3 +74,23 @@ def build_model(
             dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, dense_device=device,
         )
     return DLRMTrain(dlrm)
+
+
+def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> tuple[float, int]:
+    """Training FLOPs per sample (forward and twice that backward) and parameter count of the
+    dense part: bottom MLP, interaction and top MLP, as build_model lays them out."""
+    dim = tables[0].embedding_dim
+    bottom = [config.num_dense_features, *config.dense_arch] + ([] if config.dense_arch[-1] == dim else [dim])
+    features = len(tables) + 1
+    if config.arch == "dlrm":
+        interaction_flops = 2 * dim * features * (features - 1) // 2
+        top_in = dim + features * (features - 1) // 2
+        cross_params = 0
+    else:
+        top_in = dim * features
+        cross_params = config.dcn_num_layers * (2 * top_in * config.dcn_low_rank_dim + top_in)
+        interaction_flops = 2 * cross_params
+    top = [top_in, *config.over_arch]
+    mlp = sum(a * b for a, b in zip(bottom, bottom[1:])) + sum(a * b for a, b in zip(top, top[1:]))
+    params = mlp + sum(bottom[1:]) + sum(top[1:]) + cross_params
+    return 3.0 * (2 * mlp + interaction_flops), params

@@ -133,6 +133,11 @@ def all_reduce_ms(num_bytes: float, group_size: int, cluster: ClusterSpec) -> fl
     return transfer_ms(2 * num_bytes * (group_size - 1) / group_size, link) + cluster.collective_latency_ms
 
 
+def dense_compute_ms(flops: float, gflops: float) -> float:
+    """Dense MLP work of a step at a sustained `gflops`. Assumes GEMM-bound layers."""
+    return flops / (gflops * 1e6) if gflops > 0 else 0.0
+
+
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
     """Bytes a shard holds: fp32 weights, optimizer state, and its pooled output and gradient
     buffers for the `samples` it serves per step."""

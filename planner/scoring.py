@@ -7,11 +7,11 @@ import numpy as np
 from planner.cost_model import CostModel, OptionRequest
 from planner.plan import Plan
 from planner.specs import PlanningProblem
-from planner.types import ShardGeometry, ShardingType
+from planner.types import Perf, ShardGeometry, ShardingOption, ShardingType, Storage
 
 
-def rank_times_ms(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -> np.ndarray:
-    """Per-rank step time of `plan`, each shard costed by `cost_model` where the plan puts it."""
+def costed_options(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -> list[tuple[str, ShardingOption]]:
+    """Each table's option as the plan lays it out, costed by `cost_model`."""
     names = list(plan.tables)
     requests = []
     for name in names:
@@ -25,7 +25,23 @@ def rank_times_ms(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -
                 geometries=tuple(ShardGeometry(s.row_offset, s.col_offset, s.rows, s.cols) for s in t.shards),
             )
         )
+    return list(zip(names, cost_model.estimate(requests)))
+
+
+def rank_times_ms(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -> np.ndarray:
+    """Per-rank step time of `plan`, each shard costed by `cost_model` where the plan puts it."""
     per_rank = np.zeros(plan.world_size)
-    for name, option in zip(names, cost_model.estimate(requests)):
+    for name, option in costed_options(plan, problem, cost_model):
         np.add.at(per_rank, plan.tables[name].ranks, option.shard_ms)
     return per_rank
+
+
+def rank_breakdown(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -> tuple[list[Perf], list[Storage]]:
+    """Per-rank time by phase and bytes per tier of `plan` under `cost_model`."""
+    perf = [Perf() for _ in range(plan.world_size)]
+    storage = [Storage() for _ in range(plan.world_size)]
+    for name, option in costed_options(plan, problem, cost_model):
+        for rank, shard in zip(plan.tables[name].ranks, option.shards):
+            perf[rank] = perf[rank] + shard.perf
+            storage[rank] = storage[rank] + shard.storage
+    return perf, storage

@@ -1,0 +1,87 @@
+"""`dlrm-scale simulate`: what a plan costs per rank and per step, before running it.
+
+The embedding part is exactly what the planner optimised (planner.scoring with the same cost
+model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
+(planner.cost_model.dense_compute_ms, all_reduce_ms). A step waits for the busiest rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlrm_scale.model import ModelConfig, dense_cost
+from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms
+from planner.plan import Plan
+from planner.scoring import rank_breakdown
+from planner.specs import PlanningProblem
+from planner.types import TIERS, Perf, Storage
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class RankSimulation:
+    rank: int
+    embedding: Perf
+    dense_compute_ms: float
+    dense_all_reduce_ms: float
+    memory: Storage
+
+    @property
+    def step_ms(self) -> float:
+        return self.embedding.total_ms + self.dense_compute_ms + self.dense_all_reduce_ms
+
+
+@dataclass(frozen=True)
+class Simulation:
+    ranks: tuple[RankSimulation, ...]
+    global_batch: int
+
+    @property
+    def step_ms(self) -> float:
+        return max(r.step_ms for r in self.ranks)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.step_ms * 1e3
+
+    def to_dict(self) -> dict:
+        return {
+            "step_ms": self.step_ms,
+            "samples_per_s": self.samples_per_s,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "step_ms": r.step_ms,
+                    "embedding_ms": {"fwd_compute": r.embedding.fwd_compute_ms, "bwd_compute": r.embedding.bwd_compute_ms,
+                                     "fwd_comms": r.embedding.fwd_comms_ms, "bwd_comms": r.embedding.bwd_comms_ms},
+                    "dense_compute_ms": r.dense_compute_ms,
+                    "dense_all_reduce_ms": r.dense_all_reduce_ms,
+                    "memory_bytes": r.memory.as_dict(),
+                }
+                for r in self.ranks
+            ],
+        }
+
+    def format(self) -> str:
+        lines = [f"{'rank':>5} {'step ms':>9} {'emb fwd':>8} {'emb bwd':>8} {'a2a fwd':>8} {'a2a bwd':>8} {'dense':>8} {'allred':>8} "
+                 + " ".join(f"{t + ' GiB':>9}" for t in TIERS)]
+        for r in self.ranks:
+            e = r.embedding
+            lines.append(
+                f"{r.rank:>5} {r.step_ms:>9.3f} {e.fwd_compute_ms:>8.3f} {e.bwd_compute_ms:>8.3f} {e.fwd_comms_ms:>8.3f} "
+                f"{e.bwd_comms_ms:>8.3f} {r.dense_compute_ms:>8.3f} {r.dense_all_reduce_ms:>8.3f} "
+                + " ".join(f"{r.memory.of_tier(t) / GIB:>9.3f}" for t in TIERS)
+            )
+        lines.append(f"predicted step {self.step_ms:.3f} ms, {self.samples_per_s:,.0f} samples/s (global batch {self.global_batch})")
+        return "\n".join(lines)
+
+
+def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig) -> Simulation:
+    cluster, training = problem.cluster, problem.training
+    perf, storage = rank_breakdown(plan, problem, AnalyticCostModel(cluster, training))
+    flops_per_sample, params = dense_cost(problem.tables, model)
+    compute = dense_compute_ms(flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
+    reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
+    ranks = tuple(RankSimulation(r, perf[r], compute, reduce, storage[r]) for r in range(plan.world_size))
+    return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
