@@ -4,7 +4,8 @@ Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets 
 - FBGEMM's table-batched embedding forward, and forward+backward with the fused optimizer,
   over rows, dims and pooling factors, with rows in host memory (the CPU tier);
 - all-to-all and all-reduce over the process group backend (gloo on CPU) for N ranks;
-- dense MLP forward+backward throughput.
+- dense MLP forward+backward throughput;
+- framework overhead per step and per table, from two tiny models trained for real.
 Fits are least squares on relative error of the cost model's own formulas
 (planner/cost_model.py), so the profile's constants mean exactly what the planner uses.
 """
@@ -191,17 +192,77 @@ def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), re
     return flops / (_time(step, repeats) * 1e-3) / 1e9
 
 
+OVERHEAD_TABLE_COUNTS = (2, 26)
+OVERHEAD_STEPS = 60
+
+
+def _overhead_problem(num_tables: int, cluster_fields: dict, world: int):
+    from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+
+    tables = tuple(TableSpec(f"t{i}", 1000, 16) for i in range(num_tables))
+    cluster = ClusterSpec(num_nodes=1, ranks_per_node=world, device="cpu", hbm_bytes_per_rank=0, **cluster_fields)
+    return PlanningProblem(tables, cluster, TrainingSpec(256))
+
+
+def _overhead_worker(rank: int, world: int, out_dir: str, num_tables: int, cluster_fields: dict) -> float:
+    import json
+
+    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.train import TrainConfig
+    from dlrm_scale.trainer import Trainer
+    from planner.planning import make_plan
+
+    problem = _overhead_problem(num_tables, cluster_fields, world)
+    plan = make_plan(problem)
+    config = TrainConfig(steps=OVERHEAD_STEPS, batch_size=256, log_every=10, eval_batches=1)
+    trainer = Trainer(problem, plan, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1)),
+                      config, torch.device("cpu"), rank, world, Path(out_dir))
+    trainer.run()
+    if rank != 0:
+        return 0.0
+    rates = [json.loads(l)["samples_per_s"] for l in Path(out_dir, "metrics.jsonl").read_text().splitlines() if "samples_per_s" in l]
+    return float(256 * world / np.median(rates[1:]) * 1e3)
+
+
+def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, float]:
+    """Framework time per step and per table: tiny models trained for real on `nproc` ranks,
+    minus what the fitted kernels and collectives predict for them."""
+    import tempfile
+
+    from dlrm_scale.launch import run_on_ranks
+    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.simulate import simulate
+    from planner.planning import make_plan
+
+    residuals = []
+    for n in OVERHEAD_TABLE_COUNTS:
+        with tempfile.TemporaryDirectory() as out:
+            measured = run_on_ranks(_overhead_worker, cfg.nproc, out, n, cluster_fields)
+        problem = _overhead_problem(n, cluster_fields, cfg.nproc)
+        predicted = simulate(make_plan(problem), problem, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))).step_ms
+        residuals.append(max(measured - predicted, 0.0))
+    (n1, n2), (r1, r2) = OVERHEAD_TABLE_COUNTS, residuals
+    per_table = max((r2 - r1) / (n2 - n1), 0.0)
+    return {"step_overhead_ms": max(r1 - n1 * per_table, 0.0), "table_overhead_ms": per_table}
+
+
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
     if not out.parent.exists():
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
-    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 2
+    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 3
     with tqdm(total=total, desc="calibrating", unit="bench") as progress:
         emb = embedding_samples(cfg, progress)
         comms = comm_samples(cfg)
         progress.update(1)
         gflops = dense_gflops()
         progress.update(1)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        fitted = {
+            "ddr_bytes_per_node": int(memory * 0.8), "ssd_bytes_per_node": 0, "hbm_gb_per_s": 1.0, "ssd_gb_per_s": 0.5,
+            **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops,
+        }
+        overhead = fit_overhead(cfg, fitted)
+        progress.update(1)
     disk = shutil.disk_usage(out.parent).free
     profile = {
         "name": name or out.stem,
@@ -211,9 +272,8 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         "ssd_gib_per_node": round(disk / GIB * 0.8, 1),
         "hbm_gb_per_s": 1.0,
         "ssd_gb_per_s": 0.5,
-        **fit_embedding(emb, cfg.optimizer),
-        **fit_comms(comms, cfg.nproc),
-        "dense_gflops": gflops,
+        **{k: v for k, v in fitted.items() if k not in ("ddr_bytes_per_node", "ssd_bytes_per_node", "hbm_gb_per_s", "ssd_gb_per_s")},
+        **overhead,
     }
     header = (
         f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
@@ -226,5 +286,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
     tmp.replace(out)
     import json
 
-    out.with_suffix(".samples.json").write_text(json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops}, indent=1))
+    out.with_suffix(".samples.json").write_text(
+        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "overhead": overhead}, indent=1)
+    )
     return profile

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlrm_scale.model import ModelConfig, dense_cost
-from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms
+from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms, framework_overhead_ms
 from planner.plan import Plan
 from planner.scoring import rank_breakdown
 from planner.specs import PlanningProblem
@@ -25,11 +25,12 @@ class RankSimulation:
     embedding: Perf
     dense_compute_ms: float
     dense_all_reduce_ms: float
+    overhead_ms: float
     memory: Storage
 
     @property
     def step_ms(self) -> float:
-        return self.embedding.total_ms + self.dense_compute_ms + self.dense_all_reduce_ms
+        return self.embedding.total_ms + self.dense_compute_ms + self.dense_all_reduce_ms + self.overhead_ms
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Simulation:
                                      "fwd_comms": r.embedding.fwd_comms_ms, "bwd_comms": r.embedding.bwd_comms_ms},
                     "dense_compute_ms": r.dense_compute_ms,
                     "dense_all_reduce_ms": r.dense_all_reduce_ms,
+                    "overhead_ms": r.overhead_ms,
                     "memory_bytes": r.memory.as_dict(),
                 }
                 for r in self.ranks
@@ -64,13 +66,13 @@ class Simulation:
         }
 
     def format(self) -> str:
-        lines = [f"{'rank':>5} {'step ms':>9} {'emb fwd':>8} {'emb bwd':>8} {'a2a fwd':>8} {'a2a bwd':>8} {'dense':>8} {'allred':>8} "
+        lines = [f"{'rank':>5} {'step ms':>9} {'emb fwd':>8} {'emb bwd':>8} {'a2a fwd':>8} {'a2a bwd':>8} {'dense':>8} {'allred':>8} {'other':>8} "
                  + " ".join(f"{t + ' GiB':>9}" for t in TIERS)]
         for r in self.ranks:
             e = r.embedding
             lines.append(
                 f"{r.rank:>5} {r.step_ms:>9.3f} {e.fwd_compute_ms:>8.3f} {e.bwd_compute_ms:>8.3f} {e.fwd_comms_ms:>8.3f} "
-                f"{e.bwd_comms_ms:>8.3f} {r.dense_compute_ms:>8.3f} {r.dense_all_reduce_ms:>8.3f} "
+                f"{e.bwd_comms_ms:>8.3f} {r.dense_compute_ms:>8.3f} {r.dense_all_reduce_ms:>8.3f} {r.overhead_ms:>8.3f} "
                 + " ".join(f"{r.memory.of_tier(t) / GIB:>9.3f}" for t in TIERS)
             )
         lines.append(f"predicted step {self.step_ms:.3f} ms, {self.samples_per_s:,.0f} samples/s (global batch {self.global_batch})")
@@ -83,5 +85,6 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig) -> Simula
     flops_per_sample, params = dense_cost(problem.tables, model)
     compute = dense_compute_ms(flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
     reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
-    ranks = tuple(RankSimulation(r, perf[r], compute, reduce, storage[r]) for r in range(plan.world_size))
+    other = framework_overhead_ms(len(problem.tables), cluster)
+    ranks = tuple(RankSimulation(r, perf[r], compute, reduce, other, storage[r]) for r in range(plan.world_size))
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)

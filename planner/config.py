@@ -45,6 +45,8 @@ PROFILE_KEYS = {
     "lookup_fwd_ns": "lookup_fwd_ns",
     "lookup_bwd_ns": "lookup_bwd_ns",
     "dense_gflops": "dense_gflops",
+    "step_overhead_ms": "step_overhead_ms",
+    "table_overhead_ms": "table_overhead_ms",
     "source": None,
     "calibrated": None,
 }

@@ -138,6 +138,12 @@ def dense_compute_ms(flops: float, gflops: float) -> float:
     return flops / (gflops * 1e6) if gflops > 0 else 0.0
 
 
+def framework_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
+    """Per-step time outside kernels and collectives (Python, input splitting, optimizer
+    bookkeeping): a fixed part and a part per table. The same for every plan of a model."""
+    return cluster.step_overhead_ms + num_tables * cluster.table_overhead_ms
+
+
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
     """Bytes a shard holds: fp32 weights, optimizer state, and its pooled output and gradient
     buffers for the `samples` it serves per step."""

@@ -12,7 +12,7 @@ from planner.plan import Plan, PlannedShard, TablePlan
 from planner.schemes import shard_geometry
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 from planner.types import ShardingType
-from tests.distributed import run_on_ranks
+from dlrm_scale.launch import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 

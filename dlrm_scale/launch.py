@@ -1,4 +1,4 @@
-"""Run a function on N real processes over gloo and collect rank 0's result."""
+"""Run a function on N local processes over gloo and return rank 0's result (tests, calibration)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pickle
 import socket
 import tempfile
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -20,6 +21,7 @@ def _free_port() -> int:
 def _entry(rank, world, port, result_path, fn, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)  # one core per rank, as torchrun's OMP_NUM_THREADS=1 gives
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
