@@ -53,6 +53,15 @@ PROFILE_KEYS = {
 TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))
 
 
+def mapping(value: Any, where: str) -> dict[str, Any]:
+    """A config section: a mapping (or absent), never anything else."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a mapping of keys to values, not a {type(value).__name__}")
+    return value
+
+
 def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
     allowed = list(allowed)
     for key in given:
@@ -91,7 +100,7 @@ def hardware_path(name_or_path: str) -> Path:
 
 def cluster_fields(section: dict[str, Any], where: str) -> dict[str, Any]:
     """Translate profile-style keys (GiB, world_size) into ClusterSpec fields."""
-    check_keys(section, PROFILE_KEYS, where)
+    check_keys(mapping(section, where), PROFILE_KEYS, where)
     out: dict[str, Any] = {}
     for key, value in section.items():
         target = PROFILE_KEYS[key]
@@ -195,14 +204,16 @@ def load_problem(
         where = f"config {config_path}"
         check_keys(config, TOP_LEVEL_KEYS, where)
     profile_name = hardware or config.get("hardware", DEFAULT_HARDWARE)
+    if not isinstance(profile_name, str):
+        raise ConfigError(f"{where}: 'hardware' must be a profile name or a .yaml path")
     profile_file = hardware_path(str(profile_name))
     profile = cluster_fields(read_yaml(profile_file, "hardware profile"), f"hardware profile {profile_file}")
-    cluster_section = config.get("cluster", {}) or {}
+    cluster_section = mapping(config.get("cluster"), f"{where}: cluster")
     cluster = build_cluster(
         profile, {**cluster_fields(cluster_section, f"{where}: cluster"), **(cluster_overrides or {})}
     )
 
-    training_section = dict(config.get("training", {}) or {})
+    training_section = dict(mapping(config.get("training"), f"{where}: training"))
     check_keys(training_section, TRAINING_KEYS, f"{where}: training")
     training_section.update(training_overrides or {})
     if "batch_size_per_rank" not in training_section:
@@ -212,6 +223,8 @@ def load_problem(
     if tables_csv is not None:
         tables = load_tables_csv(tables_csv)
     elif "tables_csv" in config:
+        if not isinstance(config["tables_csv"], str):
+            raise ConfigError(f"{where}: 'tables_csv' must be a path")
         base = Path(config_path).parent if config_path else Path.cwd()
         tables = load_tables_csv(base / config["tables_csv"])
     elif "tables" in config:

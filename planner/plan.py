@@ -182,7 +182,7 @@ class Plan:
             raise PlanFormatError(f"{source}: world_size {world} must be a positive multiple of ranks_per_node {local}")
         tables = {}
         for name, t in need(doc, "tables", dict, "plan").items():
-            where = f"tables.{name}"
+            where = f"tables[{name!r}]"
             st = need(t, "sharding_type", str, where)
             if st not in {s.value for s in ShardingType}:
                 raise PlanFormatError(f"{source}: {where}.sharding_type {st!r} is not one of {[s.value for s in ShardingType]}")
@@ -234,12 +234,12 @@ def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:
     if table.sharding_type == ShardingType.DATA_PARALLEL.value:
         bad = [s for s in table.shards if (s.row_offset, s.col_offset, s.rows, s.cols) != (0, 0, rows, cols)]
         if bad or len({s.rank for s in table.shards}) != len(table.shards):
-            raise PlanFormatError(f"{source}: data_parallel table '{name}' must list one full replica per rank")
+            raise PlanFormatError(f"{source}: data_parallel table {name!r} must list one full replica per rank")
         return
     area = 0
     for s in table.shards:
         if s.row_offset + s.rows > rows or s.col_offset + s.cols > cols:
-            raise PlanFormatError(f"{source}: a shard of '{name}' reaches past its {rows}x{cols} table")
+            raise PlanFormatError(f"{source}: a shard of {name!r} reaches past its {rows}x{cols} table")
         area += s.rows * s.cols
     blocks = [(s.row_offset, s.col_offset, s.rows, s.cols) for s in table.shards if s.rows and s.cols]
     if all(b[3] == cols for b in blocks) or all(b[2] == rows for b in blocks):
@@ -252,6 +252,6 @@ def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:
             for i, a in enumerate(blocks) for b in blocks[i + 1:]
         )
     if overlap:
-        raise PlanFormatError(f"{source}: shards of '{name}' overlap")
+        raise PlanFormatError(f"{source}: shards of {name!r} overlap")
     if area != rows * cols:
-        raise PlanFormatError(f"{source}: shards of '{name}' cover {area} of its {rows * cols} weights")
+        raise PlanFormatError(f"{source}: shards of {name!r} cover {area} of its {rows * cols} weights")

@@ -38,7 +38,7 @@ DEVICES = ("cuda", "cpu")
 
 
 def _positive(owner: str, name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value == float("inf"):
         raise ConfigError(f"{owner}: '{name}' must be a positive number, got {value!r}")
 
 
@@ -59,7 +59,7 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         owner = f"table '{self.name}'"
-        if not self.name or not isinstance(self.name, str):
+        if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"a table has no name: give every table a non-empty 'name'")
         _positive_int(owner, "num_embeddings", self.num_embeddings)
         _positive_int(owner, "embedding_dim", self.embedding_dim)
@@ -69,7 +69,9 @@ class TableSpec:
                 f"which FBGEMM's kernels need; use {self.embedding_dim + 4 - self.embedding_dim % 4}"
             )
         _positive(owner, "pooling_factor", self.pooling_factor)
-        if self.zipf_exponent is not None and self.zipf_exponent < 0:
+        if self.zipf_exponent is not None and (
+            not isinstance(self.zipf_exponent, (int, float)) or isinstance(self.zipf_exponent, bool) or not self.zipf_exponent >= 0
+        ):
             raise ConfigError(f"{owner}: 'zipf_exponent' must be >= 0, got {self.zipf_exponent}")
 
     @property
@@ -103,6 +105,9 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         owner = f"cluster '{self.name}'"
+        for name in ("name", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{owner}: '{name}' must be a string, got {getattr(self, name)!r}")
         _positive_int(owner, "num_nodes", self.num_nodes)
         _positive_int(owner, "ranks_per_node", self.ranks_per_node)
         if self.device not in DEVICES:
@@ -119,7 +124,8 @@ class ClusterSpec:
             _positive(owner, name, getattr(self, name))
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "dense_gflops",
                      "step_overhead_ms", "table_overhead_ms"):
-            if getattr(self, name) < 0:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigError(f"{owner}: '{name}' must be >= 0")
 
     @property
@@ -159,6 +165,9 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         _positive_int("training", "batch_size_per_rank", self.batch_size_per_rank)
+        for name in ("embedding_optimizer", "fwd_comm_precision", "bwd_comm_precision"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"training: '{name}' must be a string, got {getattr(self, name)!r}")
         if self.embedding_optimizer not in OPTIMIZER_STATE:
             raise ConfigError(
                 f"training: unknown embedding_optimizer {self.embedding_optimizer!r}; "

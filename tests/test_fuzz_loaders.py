@@ -1,0 +1,56 @@
+"""Config and plan loaders never end in a traceback: any input is a spec/plan or a PlannerError."""
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.config import load_problem, load_tables_csv
+from planner.errors import PlannerError
+from planner.plan import Plan
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**12), st.floats(allow_nan=True), st.text(max_size=12))
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
+keys = st.sampled_from(["hardware", "cluster", "training", "tables", "tables_csv", "model", "batch_size_per_rank",
+                        "world_size", "name", "num_embeddings", "embedding_dim", "pooling_factor", "ranks_per_node", "typo"])
+configs = st.dictionaries(keys, values, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.one_of(configs, values))
+def test_config_loader_gives_a_problem_or_a_planner_error(tmp_path, doc):
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    try:
+        load_problem(path)
+    except PlannerError as e:
+        assert "\n" not in str(e)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_csv_loader_gives_tables_or_a_planner_error(tmp_path, text):
+    path = tmp_path / "t.csv"
+    path.write_text("name,num_embeddings,embedding_dim,pooling_factor\n" + text)
+    try:
+        load_tables_csv(path)
+    except PlannerError:
+        pass
+
+
+shard = st.fixed_dictionaries({k: st.one_of(st.integers(-2, 50), st.text(max_size=3)) for k in ("rank", "row_offset", "col_offset", "rows", "cols")}) | st.dictionaries(st.text(max_size=5), scalars)
+table = st.fixed_dictionaries({"sharding_type": st.sampled_from(["table_wise", "row_wise", "data_parallel", "bogus"]),
+                               "compute_kernel": st.sampled_from(["fused", "dense", "x"]),
+                               "shards": st.lists(shard, max_size=3)})
+plans = st.fixed_dictionaries({"schema": st.sampled_from(["dlrm-scale/plan/v1", "v0"]), "world_size": st.integers(-1, 8),
+                               "ranks_per_node": st.integers(-1, 8), "tables": st.dictionaries(st.text(max_size=4), table, max_size=3),
+                               "ranks": st.lists(st.dictionaries(st.text(max_size=6), scalars, max_size=3), max_size=2)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=st.one_of(plans, values))
+def test_plan_loader_gives_a_plan_or_a_planner_error(doc):
+    try:
+        Plan.from_dict(doc)
+    except PlannerError as e:
+        assert "\n" not in str(e)
