@@ -25,6 +25,7 @@ from planner.plan import Plan
 from planner.planning import make_plan
 from planner.specs import PRECISION_ELEMENT_BYTES, PlanningProblem
 from planner.config import load_problem
+from dlrm_scale.checkpoint import CheckpointConfig
 from dlrm_scale.model import ModelConfig
 
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
@@ -48,6 +49,7 @@ class TrainConfig:
     eval_batches: int = 8
     seed: int = 0
     pipeline: bool = True
+    deterministic: bool = False  # deterministic kernels, every step's exact loss logged
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
@@ -132,6 +134,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int)
     p.add_argument("--eval-every", type=int)
     p.add_argument("--no-pipeline", action="store_true", help="plain forward/backward instead of TrainPipelineSparseDist")
+    p.add_argument("--checkpoint-dir", help="where checkpoints go (one subfolder per saved step)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--resume", action="store_true", help="go on from the newest complete checkpoint in --checkpoint-dir")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels; log every step's exact loss")
     return p.parse_args(argv)
 
 
@@ -145,6 +152,8 @@ def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> T
                                    ("eval_every", args.eval_every)) if v is not None}
     if args.no_pipeline:
         overrides["pipeline"] = False
+    if args.deterministic:
+        overrides.update(deterministic=True, log_every=1)
     return replace(config, **overrides)
 
 
@@ -198,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             plan.save(out_dir / "plan.json")
         if args.data == "criteo" and not args.data_path:
             raise ConfigError("--data criteo needs --data-path")
+        if args.resume and not args.checkpoint_dir:
+            raise ConfigError("--resume needs --checkpoint-dir")
+        checkpoint = CheckpointConfig(Path(args.checkpoint_dir) if args.checkpoint_dir else None, args.checkpoint_every, args.keep_checkpoints)
         trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir,
-                          data_path=args.data_path if args.data == "criteo" else None)
+                          data_path=args.data_path if args.data == "criteo" else None, checkpoint=checkpoint, resume=args.resume)
         trainer.run()
         dist.barrier()
         dist.destroy_process_group()

@@ -19,6 +19,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from dlrm_scale import checkpoint as ckpt
 from dlrm_scale.comm_meter import CommMeter
 from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
@@ -26,8 +27,15 @@ from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
 from planner.comm_volume import embedding_comm_bytes
+from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.specs import PlanningProblem
+
+class TrainingError(PlannerError):
+    """Training cannot go on (a non-finite loss, say); the message says what is kept."""
+
+
+NO_BAD_STEP = 2**62
 
 COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16, "int8": CommType.INT8}
 EVAL_SEED_OFFSET = 1_000_003
@@ -58,8 +66,13 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
 
 
 class Trainer:
-    def __init__(self, problem, plan, model_config, config, device, rank, world, out_dir: Path, data_path=None) -> None:
+    def __init__(self, problem, plan, model_config, config, device, rank, world, out_dir: Path, data_path=None,
+                 checkpoint: ckpt.CheckpointConfig | None = None, resume: bool = False) -> None:
         self.problem, self.plan, self.config = problem, plan, config
+        self.checkpoint = checkpoint or ckpt.CheckpointConfig()
+        self.resume = resume
+        if config.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
         self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device)
@@ -93,7 +106,7 @@ class Trainer:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
             for key, value in record.items():
-                if key != "step":
+                if key != "step" and isinstance(value, (int, float)):
                     self.tensorboard.add_scalar(key, value, record["step"])
 
     def set_lr(self, step: int) -> None:
@@ -102,18 +115,48 @@ class Trainer:
             group["lr"] = base * factor
 
     def run(self) -> None:
+        start = self.restore() if self.resume else 0
         with self.meter.attached():
-            self._run()
+            self._run(start)
 
-    def _run(self) -> None:
+    def restore(self) -> int:
+        """Load the newest complete checkpoint; the step to go on from (0 when there is none)."""
+        found = ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else []
+        if not found:
+            if self.rank == 0:
+                print("no complete checkpoint to resume from; starting at step 0", flush=True)
+            return 0
+        step, path = found[-1]
+        meta = ckpt.load(path, self.model, self.optimizer)
+        if self.rank == 0:
+            print(f"resumed from {path} (step {meta['step']})", flush=True)
+        return int(meta["step"])
+
+    def _first_bad_step(self, local_bad: int) -> int:
+        flag = torch.tensor([local_bad], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return int(flag[0])
+
+    def _stop_on_bad_loss(self, bad_step: int) -> None:
+        found = ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else []
+        kept = f"the newest good checkpoint is {found[-1][1]} (step {found[-1][0]})" if found else "no checkpoint was written"
+        raise TrainingError(f"loss is not finite at step {bad_step}; training stopped and {kept}; lower the learning rates")
+
+    def save_checkpoint(self, step: int) -> None:
+        meta = {"plan_digest": ckpt.plan_digest(self.plan.to_dict()), "seed": self.config.seed}
+        path = ckpt.save(self.checkpoint.directory, step, self.model, self.optimizer, meta, self.checkpoint.keep)
+        self.log({"step": step, "checkpoint": str(path)})
+
+    def _run(self, start_step: int) -> None:
         cfg = self.config
         self.model.train()
-        batches = self.data.batches(0, cfg.steps)
+        batches = self.data.batches(start_step, cfg.steps - start_step)
+        bad_step = NO_BAD_STEP
         pipeline = TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.pipeline else None
         window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
         # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
-        progress = tqdm(total=cfg.steps, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
-        for step in range(cfg.steps):
+        progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
+        for step in range(start_step, cfg.steps):
             self.set_lr(step)
             if pipeline is not None:
                 loss = pipeline.progress(batches)[0]  # DLRMTrain's (loss, logits, labels), detached
@@ -123,17 +166,25 @@ class Trainer:
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.optimizer.step()
-            window_loss += float(loss.detach())
+            local_loss = float(loss.detach())
+            if not math.isfinite(local_loss) and bad_step == NO_BAD_STEP:
+                bad_step = step + 1
+            window_loss += local_loss
             window_n += 1
             progress.update(1)
             last = step == cfg.steps - 1
+            due_checkpoint = self.checkpoint.directory is not None and (
+                last or (self.checkpoint.every_steps and (step + 1) % self.checkpoint.every_steps == 0)
+            )
+            if due_checkpoint or (step + 1) % cfg.log_every == 0 or last:
+                first_bad = self._first_bad_step(bad_step)
+                if first_bad != NO_BAD_STEP:
+                    self._stop_on_bad_loss(first_bad)
             if (step + 1) % cfg.log_every == 0 or last:
                 elapsed = time.perf_counter() - window_start
                 stats = torch.tensor([window_loss / window_n])
                 dist.all_reduce(stats)
                 loss_mean = float(stats[0]) / self.world
-                if not math.isfinite(loss_mean):
-                    raise FloatingPointError(f"loss is {loss_mean} at step {step}")
                 samples_per_s = window_n * cfg.batch_size * self.world / elapsed
                 emb_bytes, id_bytes = self.meter.reset()
                 self.log({
@@ -148,6 +199,8 @@ class Trainer:
                 if self.rank == 0:
                     tqdm.write(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s")
                 window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+            if due_checkpoint:
+                self.save_checkpoint(step + 1)
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
                 if pipeline is not None:
                     pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
