@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
+from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
 from planner.config import GIB
 from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import ConfigError
@@ -39,9 +40,11 @@ class CalibrationConfig:
     dims: tuple[int, ...] = (16, 64, 128)
     pooling_factors: tuple[int, ...] = (1, 8, 32)
     rows: tuple[int, ...] = (100_000, 2_000_000)
-    comm_sizes_bytes: tuple[int, ...] = (1 << 14, 1 << 18, 1 << 21, 1 << 23)
+    comm_sizes_bytes: tuple[int, ...] = (1 << 14, 1 << 18, 1 << 21, 1 << 23, 1 << 25)
+    replica_shapes: tuple[tuple[int, int], ...] = ((10_000, 32), (100_000, 32), (200_000, 64))
     repeats: int = 5
     optimizer: str = "rowwise_adagrad"
+    zipf_exponent: float = DEFAULT_ZIPF
 
     def __post_init__(self) -> None:
         if self.nproc < 2:
@@ -80,16 +83,18 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
 
     optimizer = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}[cfg.optimizer]
     torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
     samples = []
     for rows in cfg.rows:
+        # ids as the training data draws them: the backward's cost depends on how many repeat
+        zipf = ZipfIds(rows, cfg.zipf_exponent, seed=rows)
         for dim in cfg.dims:
             tbe = SplitTableBatchedEmbeddingBagsCodegen(
                 [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=optimizer, learning_rate=0.01
             )
             for pooling in cfg.pooling_factors:
                 lookups = cfg.batch_size * pooling
-                ids = torch.randint(0, rows, (lookups,), generator=gen)
+                ids = torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64))
                 offsets = torch.arange(0, lookups + 1, pooling)
                 fwd = _time(lambda: tbe(ids, offsets), cfg.repeats)
 
@@ -176,6 +181,29 @@ def fit_comms(samples: list[dict], world: int) -> dict[str, float]:
     return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": gb_per_s, "inter_node_gb_per_s": gb_per_s}
 
 
+def replica_update_ns(cfg: CalibrationConfig) -> float:
+    """Cost per weight of a data-parallel table's step beyond its lookups: the dense gradient
+    and the optimizer over every row (TorchRec's dense kernel with its unfused optimizer)."""
+    from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+    torch.set_num_threads(1)
+    weights, times = [], []
+    for rows, dim in cfg.replica_shapes:
+        emb = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+        opt = RowWiseAdagrad(emb.parameters(), lr=0.01) if cfg.optimizer == "rowwise_adagrad" else torch.optim.SGD(emb.parameters(), lr=0.01)
+        ids, offsets = torch.randint(0, rows, (cfg.batch_size,)), torch.arange(cfg.batch_size)
+
+        def step():
+            opt.zero_grad()
+            emb(ids, offsets).sum().backward()
+            opt.step()
+
+        weights.append(rows * dim)
+        times.append(_time(step, cfg.repeats))
+    slope = nonnegative_lstsq(np.array(weights, dtype=float)[:, None] / np.array(times)[:, None], np.ones(len(times)))[0]
+    return float(slope * 1e6)
+
+
 def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), repeats: int = 5) -> float:
     torch.set_num_threads(1)
     layers, d = [], 13
@@ -249,17 +277,19 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
     if not out.parent.exists():
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
-    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 3
+    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 4
     with tqdm(total=total, desc="calibrating", unit="bench") as progress:
         emb = embedding_samples(cfg, progress)
         comms = comm_samples(cfg)
         progress.update(1)
         gflops = dense_gflops()
         progress.update(1)
+        update_ns = replica_update_ns(cfg)
+        progress.update(1)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         fitted = {
             "ddr_bytes_per_node": int(memory * 0.8), "ssd_bytes_per_node": 0, "hbm_gb_per_s": 1.0, "ssd_gb_per_s": 0.5,
-            **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops,
+            **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops, "dense_update_ns": update_ns,
         }
         overhead = fit_overhead(cfg, fitted)
         progress.update(1)
@@ -287,6 +317,6 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
     import json
 
     out.with_suffix(".samples.json").write_text(
-        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "overhead": overhead}, indent=1)
+        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns, "overhead": overhead}, indent=1)
     )
     return profile

@@ -97,7 +97,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     cfg = CalibrationConfig(nproc=args.nproc)
     if args.quick:
         cfg = CalibrationConfig(nproc=args.nproc, dims=(16, 128), pooling_factors=(1, 16), rows=(100_000,), repeats=2,
-                                comm_sizes_bytes=(1 << 14, 1 << 20, 1 << 22))
+                                comm_sizes_bytes=(1 << 14, 1 << 20, 1 << 22), replica_shapes=((10_000, 32), (50_000, 32)))
     profile = calibrate(Path(args.out), cfg)
     for key, value in profile.items():
         print(f"{key:>24}: {value}")

@@ -31,10 +31,24 @@ def _row_scores(num_rows: int, table_index: int) -> np.ndarray:
     return np.random.default_rng(10_007 + table_index).standard_normal(num_rows).astype(np.float32)
 
 
+class ZipfIds:
+    """Ids of one table: Zipf-distributed popularity ranks mapped through a fixed random
+    permutation of the rows (so hot rows are spread, as hashed production ids are)."""
+
+    def __init__(self, num_rows: int, exponent: float, seed: int) -> None:
+        weights = 1.0 / np.arange(1, num_rows + 1, dtype=np.float64) ** exponent
+        self.cdf = np.cumsum(weights)
+        self.cdf /= self.cdf[-1]
+        self.perm = np.random.default_rng(seed).permutation(num_rows)
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
+        return self.perm[np.minimum(ranks, len(self.perm) - 1)]
+
+
 @dataclass
 class _TableSampler:
-    cdf: np.ndarray  # Zipf CDF over popularity ranks
-    perm: np.ndarray  # popularity rank -> row id
+    ids: ZipfIds
     scores: np.ndarray
     pooling_factor: float
 
@@ -50,11 +64,8 @@ class SyntheticData:
         self.samplers = []
         for i, t in enumerate(self.tables):
             s = DEFAULT_ZIPF if t.zipf_exponent is None else t.zipf_exponent
-            weights = 1.0 / np.arange(1, t.num_embeddings + 1, dtype=np.float64) ** s
-            cdf = np.cumsum(weights)
-            cdf /= cdf[-1]
-            perm = np.random.default_rng(20_011 + i).permutation(t.num_embeddings)
-            self.samplers.append(_TableSampler(cdf, perm, _row_scores(t.num_embeddings, i), t.pooling_factor))
+            ids = ZipfIds(t.num_embeddings, s, 20_011 + i)
+            self.samplers.append(_TableSampler(ids, _row_scores(t.num_embeddings, i), t.pooling_factor))
         hidden = np.random.default_rng(30_013)
         self.dense_weights = hidden.standard_normal(num_dense).astype(np.float32) / np.sqrt(num_dense)
         self.keys = [feature_name(t.name) for t in self.tables]
@@ -68,8 +79,7 @@ class SyntheticData:
         for sampler in self.samplers:
             # lengths: 1 + Poisson(p - 1) keeps every bag non-empty with mean p
             n = np.minimum(1 + rng.poisson(max(sampler.pooling_factor - 1.0, 0.0), size=b), MAX_POOLING)
-            pop_rank = np.searchsorted(sampler.cdf, rng.random(int(n.sum())), side="right")
-            ids = sampler.perm[np.minimum(pop_rank, len(sampler.perm) - 1)]
+            ids = sampler.ids.sample(int(n.sum()), rng)
             bag = np.repeat(np.arange(b), n)
             logit += np.bincount(bag, weights=sampler.scores[ids], minlength=b).astype(np.float32) / n
             lengths.append(n)

@@ -91,9 +91,12 @@ def lookup_bwd_ms(
     return transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
 
 
-def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float) -> float:
-    """Optimizer step of a data-parallel replica: every row and its state read and written."""
-    return transfer_ms(2 * (rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer)), tier_gb_per_s)
+def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float, per_weight_ns: float = 0.0) -> float:
+    """Optimizer step of a data-parallel replica: every row and its state read and written,
+    plus a fixed cost per weight (on a CPU the unfused optimizer's several passes over a
+    dense gradient dominate)."""
+    moved = 2 * (rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer))
+    return transfer_ms(moved, tier_gb_per_s) + rows * cols * per_weight_ns * 1e-6
 
 
 def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
@@ -199,7 +202,7 @@ class AnalyticCostModel:
         fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch, cl.lookup_fwd_ns)
         bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch, cl.lookup_bwd_ns)
         if st is ShardingType.DATA_PARALLEL:
-            bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw)
+            bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw, cl.dense_update_ns)
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 
