@@ -1,0 +1,145 @@
+"""Bad input, one case a row: each gives exactly this one-line error (a PlannerError, so the
+commands print it as 'error: ...' and exit 2), and overwrites nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dlrm_scale.checkpoint import CheckpointConfig, read_meta
+from dlrm_scale.criteo import CriteoTSV
+from dlrm_scale.model import ModelConfig
+from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
+from planner.config import load_problem, load_tables_csv
+from planner.errors import PlannerError
+from planner.plan import Plan
+from planner.planning import make_plan
+from planner.specs import TableSpec
+from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
+
+BASE = "hardware: a100_zionex\ntraining: {batch_size_per_rank: 8}\n"
+TABLE = "tables:\n  - {name: a, num_embeddings: 100, embedding_dim: 16}\n"
+
+
+def config(tmp: Path, text: str) -> Path:
+    path = tmp / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def plan_for(tmp: Path, text: str = BASE + TABLE, world: int = 2) -> tuple[Plan, object]:
+    problem = load_problem(config(tmp, text), cluster_overrides={"world_size": world})
+    return make_plan(problem), problem
+
+
+def checkpoint_dir(tmp: Path, marker: bool, meta: str) -> Path:
+    d = tmp / "step_000000005"
+    d.mkdir()
+    (d / "meta.json").write_text(meta)
+    if marker:
+        (d / "COMPLETE").write_text("")
+    return d
+
+
+def plan_doc(tmp: Path, **edits) -> dict:
+    doc = plan_for(tmp)[0].to_dict()
+    doc.update(edits)
+    return doc
+
+
+def overlapping(tmp: Path) -> dict:
+    doc = plan_doc(tmp)
+    doc["tables"]["a"] = {"sharding_type": "column_wise", "compute_kernel": "fused", "num_embeddings": 100, "embedding_dim": 16,
+                          "shards": [{"rank": 0, "row_offset": 0, "col_offset": 0, "rows": 100, "cols": 12, "tier": "hbm"},
+                                     {"rank": 1, "row_offset": 0, "col_offset": 8, "rows": 100, "cols": 4, "tier": "hbm"}]}
+    return doc
+
+
+def too_many_bad_lines(tmp: Path):
+    path = write_criteo_tsv(tmp / "d.tsv", 1500, {i: BAD_LINES[0] for i in range(1000, 1030)})
+    return list(CriteoTSV(path, [TableSpec(f"c{i}", 10, 4) for i in range(26)], 13, 8, 0, 1, holdout_every=10**9).rows())
+
+
+CASES = [
+    ("misspelt top-level key", lambda t: load_problem(config(t, BASE + "tabels: []\n")),
+     "config {t}/c.yaml: unknown key 'tabels'; did you mean 'tables'?"),
+    ("misspelt training key", lambda t: load_problem(config(t, "training: {batch_size_per_rnak: 8}\n" + TABLE)),
+     "config {t}/c.yaml: training: unknown key 'batch_size_per_rnak'; did you mean 'batch_size_per_rank'?"),
+    ("misspelt table key", lambda t: load_problem(config(t, BASE + "tables:\n  - {name: a, num_embedings: 5, embedding_dim: 4}\n")),
+     "config {t}/c.yaml: tables[0]: unknown key 'num_embedings'; did you mean 'num_embeddings'?"),
+    ("negative rows", lambda t: load_problem(config(t, BASE + "tables:\n  - {name: a, num_embeddings: -5, embedding_dim: 16}\n")),
+     "table 'a': 'num_embeddings' must be a positive integer, got -5"),
+    ("zero dim", lambda t: load_problem(config(t, BASE + "tables:\n  - {name: a, num_embeddings: 5, embedding_dim: 0}\n")),
+     "table 'a': 'embedding_dim' must be a positive integer, got 0"),
+    ("dim FBGEMM cannot use", lambda t: load_problem(config(t, BASE + "tables:\n  - {name: a, num_embeddings: 5, embedding_dim: 18}\n")),
+     "table 'a': embedding_dim 18 is not a multiple of 4, which FBGEMM's kernels need; use 20"),
+    ("zero batch", lambda t: load_problem(config(t, "training: {batch_size_per_rank: 0}\n" + TABLE)),
+     "training: 'batch_size_per_rank' must be a positive integer, got 0"),
+    ("unknown optimizer", lambda t: load_problem(config(t, "training: {batch_size_per_rank: 8, embedding_optimizer: lamb}\n" + TABLE)),
+     "training: unknown embedding_optimizer 'lamb'; use one of sgd, rowwise_adagrad, adagrad, adam"),
+    ("unknown precision", lambda t: load_problem(config(t, "training: {batch_size_per_rank: 8, fwd_comm_precision: fp4}\n" + TABLE)),
+     "training: fwd_comm_precision 'fp4' is not one of fp32, fp16, bf16, fp8, int8"),
+    ("partial node", lambda t: load_problem(config(t, BASE + "cluster: {world_size: 12}\n" + TABLE)),
+     "cluster: world_size 12 is not a multiple of ranks_per_node 8; change either"),
+    ("unknown hardware", lambda t: load_problem(config(t, "hardware: tpu\n" + TABLE)),
+     "unknown hardware profile 'tpu'; use one of a100_zionex, cpu_gloo, h100_dgx or a .yaml path"),
+    ("missing config", lambda t: load_problem(t / "nope.yaml"), "config {t}/nope.yaml does not exist; check the path"),
+    ("broken YAML", lambda t: load_problem(config(t, "training:\n  batch_size_per_rank: [8\n")),
+     "config {t}/c.yaml is not valid YAML at line 3; fix the syntax there"),
+    ("tables not a list", lambda t: load_problem(config(t, BASE + "tables: {a: 1}\n")), "config {t}/c.yaml: 'tables' must be a list of tables"),
+    ("section not a mapping", lambda t: load_problem(config(t, "training: [8]\n" + TABLE)),
+     "config {t}/c.yaml: training must be a mapping of keys to values, not a list"),
+    ("duplicate table", lambda t: load_problem(config(t, BASE + TABLE + "  - {name: a, num_embeddings: 5, embedding_dim: 4}\n")),
+     "table 'a' is defined twice: table names must be unique"),
+    ("no tables", lambda t: load_problem(config(t, BASE)),
+     "config {t}/c.yaml: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv"),
+    ("missing table file", lambda t: load_tables_csv(t / "t.csv"), "table file {t}/t.csv does not exist; check the --tables path"),
+    ("bad number in table file", lambda t: (t / "t.csv").write_text("name,num_embeddings,embedding_dim\na,lots,16\n") and load_tables_csv(t / "t.csv"),
+     "table file {t}/t.csv, line 2: invalid literal for int() with base 10: 'lots'; fix the numbers on that line"),
+    ("table too large for any rank", lambda t: plan_for(t, BASE + "tables:\n  - {name: huge, num_embeddings: 9000000000, embedding_dim: 128}\n", 2),
+     re.compile(r"table 'huge' does not fit: its smallest shard \(row_wisex2\) needs [\d,]+ bytes of hbm but a rank has 42,949,672,960; "
+                r"add ranks \(--world-size\), give more memory per rank, or reduce num_embeddings/embedding_dim")),
+    ("plan of another schema", lambda t: Plan.from_dict(plan_doc(t, schema="v0")), "plan: not a dlrm-scale/plan/v1 document (schema is 'v0')"),
+    ("plan with overlapping shards", lambda t: Plan.from_dict(overlapping(t)), "plan: shards of 'a' overlap"),
+    ("plan missing a table", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t, BASE + TABLE + "  - {name: b, num_embeddings: 5, embedding_dim: 16}\n")[1], 2),
+     "plan has no table 'b'; re-plan for this config"),
+    ("plan of another shape", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t, BASE + "tables:\n  - {name: a, num_embeddings: 7, embedding_dim: 16}\n")[1], 2),
+     "plan's table 'a' is 100x16 but the model's is 7x16; re-plan for this config"),
+    ("plan for another world size", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t)[1], 4),
+     "plan is for 2 ranks but the job has 4; re-plan with --world-size 4"),
+    ("missing plan file", lambda t: Plan.load(t / "p.json"), "plan file {t}/p.json does not exist; create one with 'dlrm-scale plan --out {t}/p.json'"),
+    ("plan file not JSON", lambda t: (t / "p.json").write_text("{") and Plan.load(t / "p.json"),
+     "plan file {t}/p.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); re-run 'dlrm-scale plan'"),
+    ("partial checkpoint", lambda t: read_meta(checkpoint_dir(t, False, "{}")),
+     "checkpoint {t}/step_000000005 is partial (no COMPLETE marker); remove it or resume from another"),
+    ("corrupted checkpoint metadata", lambda t: read_meta(checkpoint_dir(t, True, "{garbage")),
+     "checkpoint {t}/step_000000005 has an unreadable meta.json; it is corrupted, resume from another"),
+    ("keep no checkpoints", lambda t: CheckpointConfig(t, 5, 0), "--keep-checkpoints must be >= 1, got 0"),
+    ("missing data", lambda t: CriteoTSV(t / "none", [TableSpec(f"c{i}", 10, 4) for i in range(26)], 13, 8, 0, 1),
+     "no Criteo TSV data at {t}/none: give a .tsv/.txt file or a folder of them with --data-path"),
+    ("too many malformed data lines", too_many_bad_lines,
+     re.compile(r"11 of 1010 lines read are malformed \(last: .*/d\.tsv:1010\), over the 1\.0% allowed; fix the data or raise max_bad_fraction")),
+    ("fp8 comms", lambda t: parse_comm_precision("fwd=fp8,bwd=bf16"),
+     "--comm-precision: fp8 is refused: FBGEMM's fp8 comm codec fails with a shape error in 1.8; use fp16, bf16 or int8"),
+    ("model without one logit", lambda t: ModelConfig(over_arch=(8, 2)), "model: over_arch must end in 1 (one logit), got [8, 2]"),
+    ("zero steps", lambda t: TrainConfig(steps=0), "train: steps must be positive, got 0"),
+]
+
+
+@pytest.mark.parametrize("what, make, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_exactly_this_error(tmp_path, what, make, expected):
+    with pytest.raises(PlannerError) as e:
+        make(tmp_path)
+    message = str(e.value)
+    assert "\n" not in message
+    if isinstance(expected, str):
+        assert message == expected.format(t=tmp_path)
+    else:
+        assert expected.fullmatch(message), message
+
+
+def test_there_are_at_least_25_cases():
+    assert len(CASES) >= 25

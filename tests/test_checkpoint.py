@@ -1,0 +1,113 @@
+"""Checkpoints on real 2- and 4-rank gloo jobs: bitwise resume, resharding, damaged files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm_scale.checkpoint import CheckpointError, complete_checkpoints, read_meta
+from dlrm_scale.launch import run_on_ranks
+from planner.plan import Plan, PlannedShard, TablePlan
+from planner.schemes import shard_geometry
+from planner.types import ShardingType
+from tests.test_training_distributed import every_scheme_plan, model_config, problem
+
+pytestmark = pytest.mark.distributed
+
+
+def uniform_plan(scheme: str, world: int) -> Plan:
+    p = problem()
+    st = ShardingType(scheme)
+    tables = {}
+    for i, t in enumerate(p.tables):
+        n = {"table_wise": 1, "column_wise": 2, "row_wise": world}[scheme]
+        ranks = [i % world] if scheme == "table_wise" else [(i + k) % world for k in range(n)]
+        shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, shard_geometry(t, st, n)))
+        tables[t.name] = TablePlan(scheme, "fused", t.num_embeddings, t.embedding_dim, shards)
+    return Plan(world, world, tables, (), 0.0, 0.0)
+
+
+def make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, plan, every=0):
+    from dlrm_scale.checkpoint import CheckpointConfig
+    from dlrm_scale.train import TrainConfig
+    from dlrm_scale.trainer import Trainer
+
+    p = problem("rowwise_adagrad")
+    cfg = TrainConfig(steps=steps, batch_size=64, log_every=1, eval_batches=1, deterministic=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return Trainer(p, plan, model_config(), cfg, torch.device("cpu"), rank, world, Path(out_dir),
+                   checkpoint=CheckpointConfig(Path(ckpt_dir), every, 3), resume=resume)
+
+
+def _train(rank, world, out_dir, ckpt_dir, steps, resume, every):
+    from dlrm_scale.state import full_tables
+
+    trainer = make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, every_scheme_plan(problem()), every)
+    trainer.run()
+    return full_tables(trainer.model)
+
+
+def losses(out_dir: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_resume_is_bitwise_for_every_scheme(tmp_path):
+    full = run_on_ranks(_train, 2, str(tmp_path / "full"), str(tmp_path / "ck_full"), 6, False, 3)
+    run_on_ranks(_train, 2, str(tmp_path / "part"), str(tmp_path / "ck"), 3, False, 0)
+    resumed = run_on_ranks(_train, 2, str(tmp_path / "resumed"), str(tmp_path / "ck"), 6, True, 0)
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "full")[3:]  # exact floats
+    for name, table in full.items():
+        assert torch.equal(resumed[name], table), name
+    assert [s for s, _ in complete_checkpoints(tmp_path / "ck_full")] == [3, 6]
+
+
+def _save_under(rank, world, ckpt_dir, scheme):
+    from dlrm_scale.state import full_tables
+
+    plan = every_scheme_plan(problem()) if scheme == "every" else uniform_plan(scheme, world)
+    trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out"), ckpt_dir, 2, False, plan)
+    trainer.run()
+    return full_tables(trainer.model)
+
+
+def _load_under(rank, world, ckpt_dir, scheme):
+    from dlrm_scale.state import full_tables
+
+    trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, uniform_plan(scheme, world))
+    step = trainer.restore()
+    return step, full_tables(trainer.model)
+
+
+@pytest.mark.parametrize("saved, loaded, world_after", [("table_wise", "row_wise", 2), ("row_wise", "column_wise", 2), ("every", "row_wise", 4)])
+def test_checkpoint_reshards_to_another_plan(tmp_path, saved, loaded, world_after):
+    before = run_on_ranks(_save_under, 2, str(tmp_path), saved)
+    step, after = run_on_ranks(_load_under, world_after, str(tmp_path), loaded)
+    assert step == 2
+    for name, table in before.items():
+        assert torch.equal(after[name], table), name
+
+
+def test_partial_and_damaged_checkpoints(tmp_path):
+    run_on_ranks(_train, 2, str(tmp_path / "o"), str(tmp_path / "ck"), 4, False, 2)
+    ck = tmp_path / "ck"
+    assert [s for s, _ in complete_checkpoints(ck)] == [2, 4]
+    # a save that a crash interrupted is ignored
+    shutil.copytree(ck / "step_000000004", ck / ".step_000000006.tmp")
+    (ck / ".step_000000006.tmp" / "COMPLETE").unlink()
+    partial = ck / "step_000000008"
+    shutil.copytree(ck / "step_000000004", partial)
+    (partial / "COMPLETE").unlink()
+    assert [s for s, _ in complete_checkpoints(ck)] == [2, 4]
+    with pytest.raises(CheckpointError, match="is partial"):
+        read_meta(partial)
+    # a damaged one fails to load with one line
+    damaged = ck / "step_000000004"
+    for f in damaged.glob("*.distcp"):
+        f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(Exception) as e:
+        run_on_ranks(_train, 2, str(tmp_path / "o2"), str(ck), 6, True, 0)
+    assert "cannot be loaded into this model" in str(e.value)
