@@ -5,7 +5,7 @@ Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets 
   over rows, dims and pooling factors, with rows in host memory (the CPU tier);
 - all-to-all and all-reduce over the process group backend (gloo on CPU) for N ranks;
 - dense MLP forward+backward throughput;
-- framework overhead per step and per table, from two tiny models trained for real.
+- framework overhead per step, per table and per id routed, from tiny models trained for real.
 Fits are least squares on relative error of the cost model's own formulas
 (planner/cost_model.py), so the profile's constants mean exactly what the planner uses.
 """
@@ -220,19 +220,22 @@ def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), re
     return flops / (_time(step, repeats) * 1e-3) / 1e9
 
 
-OVERHEAD_TABLE_COUNTS = (2, 26)
+# (tables, rows, dim, pooling factor) of the small models whose real step time fits the
+# framework terms: few and many tables, few and many ids
+OVERHEAD_MODELS = ((2, 1000, 16, 1.0), (16, 1000, 16, 1.0), (4, 200_000, 64, 20.0))
 OVERHEAD_STEPS = 60
 
 
-def _overhead_problem(num_tables: int, cluster_fields: dict, world: int):
+def _overhead_problem(model: tuple, cluster_fields: dict, world: int):
     from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 
-    tables = tuple(TableSpec(f"t{i}", 1000, 16) for i in range(num_tables))
+    num_tables, rows, dim, pooling = model
+    tables = tuple(TableSpec(f"t{i}", rows, dim, pooling) for i in range(num_tables))
     cluster = ClusterSpec(num_nodes=1, ranks_per_node=world, device="cpu", hbm_bytes_per_rank=0, **cluster_fields)
     return PlanningProblem(tables, cluster, TrainingSpec(256))
 
 
-def _overhead_worker(rank: int, world: int, out_dir: str, num_tables: int, cluster_fields: dict) -> float:
+def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_fields: dict) -> float:
     import json
 
     from dlrm_scale.model import ModelConfig
@@ -240,7 +243,7 @@ def _overhead_worker(rank: int, world: int, out_dir: str, num_tables: int, clust
     from dlrm_scale.trainer import Trainer
     from planner.planning import make_plan
 
-    problem = _overhead_problem(num_tables, cluster_fields, world)
+    problem = _overhead_problem(model, cluster_fields, world)
     plan = make_plan(problem)
     config = TrainConfig(steps=OVERHEAD_STEPS, batch_size=256, log_every=10, eval_batches=1)
     trainer = Trainer(problem, plan, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1)),
@@ -253,8 +256,8 @@ def _overhead_worker(rank: int, world: int, out_dir: str, num_tables: int, clust
 
 
 def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, float]:
-    """Framework time per step and per table: tiny models trained for real on `nproc` ranks,
-    minus what the fitted kernels and collectives predict for them."""
+    """Framework time per step, per table and per id routed: tiny models trained for real on
+    `nproc` ranks, minus what the fitted kernels and collectives predict for them."""
     import tempfile
 
     from dlrm_scale.launch import run_on_ranks
@@ -262,16 +265,22 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
     from dlrm_scale.simulate import simulate
     from planner.planning import make_plan
 
-    residuals = []
-    for n in OVERHEAD_TABLE_COUNTS:
+    rows, residuals = [], []
+    for model in OVERHEAD_MODELS:
         with tempfile.TemporaryDirectory() as out:
-            measured = run_on_ranks(_overhead_worker, cfg.nproc, out, n, cluster_fields)
-        problem = _overhead_problem(n, cluster_fields, cfg.nproc)
-        predicted = simulate(make_plan(problem), problem, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))).step_ms
-        residuals.append(max(measured - predicted, 0.0))
-    (n1, n2), (r1, r2) = OVERHEAD_TABLE_COUNTS, residuals
-    per_table = max((r2 - r1) / (n2 - n1), 0.0)
-    return {"step_overhead_ms": max(r1 - n1 * per_table, 0.0), "table_overhead_ms": per_table}
+            measured = run_on_ranks(_overhead_worker, cfg.nproc, out, model, cluster_fields)
+        problem = _overhead_problem(model, cluster_fields, cfg.nproc)
+        plan = make_plan(problem)
+        sim = simulate(plan, problem, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1)))
+        busiest = max(sim.ranks, key=lambda r: r.step_ms).rank
+        ids = sum(
+            256 * cfg.nproc * problem.tables_by_name[name].pooling_factor * sum(s.rows for s in t.shards if s.rank == busiest) / t.num_embeddings
+            for name, t in plan.tables.items() if t.sharding_type != "data_parallel"
+        )
+        rows.append([1.0, model[0], ids * 1e-6])
+        residuals.append(measured - sim.step_ms)
+    x = nonnegative_lstsq(np.array(rows), np.array(residuals))
+    return {"step_overhead_ms": float(x[0]), "table_overhead_ms": float(x[1]), "input_id_ns": float(x[2])}
 
 
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:

@@ -44,6 +44,7 @@ PROFILE_KEYS = {
     "collective_latency_ms": "collective_latency_ms",
     "lookup_fwd_ns": "lookup_fwd_ns",
     "lookup_bwd_ns": "lookup_bwd_ns",
+    "input_id_ns": "input_id_ns",
     "dense_update_ns": "dense_update_ns",
     "dense_gflops": "dense_gflops",
     "step_overhead_ms": "step_overhead_ms",

@@ -104,12 +104,20 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
 
     The (L-1)/W share for the node's other ranks crosses the intra-node link, the (W-L)/W
     share the inter-node link; both links work at once, so the slower one sets the time.
-    The 1/W share for the rank itself is free.
+    The 1/W share for the rank itself is free. TorchRec sends all of a rank's shards in one
+    collective per step, so a shard pays bandwidth only; the collective's latency is paid
+    once per step (framework_overhead_ms).
     """
     world, local = cluster.world_size, cluster.ranks_per_node
     intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
     inter = transfer_ms(bytes_out * (world - local) / world, cluster.inter_node_gb_per_s)
-    return max(intra, inter) + cluster.collective_latency_ms
+    return max(intra, inter)
+
+
+def input_distribution_ms(num_ids: float, cluster: ClusterSpec) -> float:
+    """Routing a shard's ids to it: the int64 ids over the all-to-all, plus host-side work per
+    id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU)."""
+    return all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6
 
 
 def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
@@ -120,20 +128,22 @@ def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
 def reduce_scatter_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
     """Ring reduce-scatter (or its mirror, all-gather) of `bytes_in` per rank over a group.
 
-    Each rank sends (g-1)/g of its buffer over the ring's slowest link.
+    Each rank sends (g-1)/g of its buffer over the ring's slowest link; latency as for the
+    all-to-all (once per step, not per shard).
     """
     if group_size == 1:
         return 0.0
     link = ring_link_gb_per_s(group_size, cluster)
-    return transfer_ms(bytes_in * (group_size - 1) / group_size, link) + cluster.collective_latency_ms
+    return transfer_ms(bytes_in * (group_size - 1) / group_size, link)
 
 
 def all_reduce_ms(num_bytes: float, group_size: int, cluster: ClusterSpec) -> float:
-    """Ring all-reduce: a reduce-scatter then an all-gather, 2(g-1)/g of the buffer per rank."""
+    """Ring all-reduce: a reduce-scatter then an all-gather, 2(g-1)/g of the buffer per rank,
+    bandwidth only (DDP buckets every replica's gradient into few collectives per step)."""
     if group_size == 1:
         return 0.0
     link = ring_link_gb_per_s(group_size, cluster)
-    return transfer_ms(2 * num_bytes * (group_size - 1) / group_size, link) + cluster.collective_latency_ms
+    return transfer_ms(2 * num_bytes * (group_size - 1) / group_size, link)
 
 
 def dense_compute_ms(flops: float, gflops: float) -> float:
@@ -141,10 +151,18 @@ def dense_compute_ms(flops: float, gflops: float) -> float:
     return flops / (gflops * 1e6) if gflops > 0 else 0.0
 
 
+COLLECTIVES_PER_STEP = 4  # ids all-to-all, pooled outputs forward, gradients backward, dense all-reduce
+
+
 def framework_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
-    """Per-step time outside kernels and collectives (Python, input splitting, optimizer
-    bookkeeping): a fixed part and a part per table. The same for every plan of a model."""
-    return cluster.step_overhead_ms + num_tables * cluster.table_overhead_ms
+    """Per-step time outside kernels and collectives' bandwidth: the latency of the step's
+    few batched collectives, and host work (Python, input splitting, optimizer bookkeeping)
+    as a fixed part and a part per table. The same for every plan of a model."""
+    return (
+        COLLECTIVES_PER_STEP * cluster.collective_latency_ms
+        + cluster.step_overhead_ms
+        + num_tables * cluster.table_overhead_ms
+    )
 
 
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
@@ -206,7 +224,7 @@ class AnalyticCostModel:
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 
-        ids_in = all_to_all_ms(lookups * ID_BYTES, cl)
+        ids_in = input_distribution_ms(lookups, cl)
         if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
             group = world if st is ShardingType.ROW_WISE else local
             fwd = reduce_scatter_ms(row_comm_bytes(global_batch, g.cols, fwd_p), group, cl)

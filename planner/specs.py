@@ -95,9 +95,10 @@ class ClusterSpec:
     intra_node_gb_per_s: float  # per rank, one direction
     inter_node_gb_per_s: float  # per rank, one direction
     kernel_launch_ms: float = 0.0  # fixed cost of each shard's kernel per pass
-    collective_latency_ms: float = 0.0  # fixed cost of each collective a shard joins
+    collective_latency_ms: float = 0.0  # fixed cost of one collective (paid a few times per step)
     lookup_fwd_ns: float = 0.0  # fixed cost per id looked up, beyond its bytes (large on CPUs)
     lookup_bwd_ns: float = 0.0  # same for the backward with the fused optimizer
+    input_id_ns: float = 0.0  # host-side handling of each id routed to its shard (input distribution)
     dense_update_ns: float = 0.0  # fixed cost per weight of a replica's dense optimizer step (CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
@@ -123,7 +124,7 @@ class ClusterSpec:
                 raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
-        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "dense_update_ns", "dense_gflops",
+        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "input_id_ns", "dense_update_ns", "dense_gflops",
                      "step_overhead_ms", "table_overhead_ms"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:

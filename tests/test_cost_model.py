@@ -90,4 +90,4 @@ def test_lower_precision_cuts_comms_only():
     fp32 = AnalyticCostModel(c, TrainingSpec(512)).estimate([req])[0].shards[0].perf
     half = AnalyticCostModel(c, TrainingSpec(512, fwd_comm_precision="fp16", bwd_comm_precision="bf16")).estimate([req])[0].shards[0].perf
     assert half.compute_ms == fp32.compute_ms
-    assert half.bwd_comms_ms == pytest.approx((fp32.bwd_comms_ms - c.collective_latency_ms) / 2 + c.collective_latency_ms)
+    assert half.bwd_comms_ms == pytest.approx(fp32.bwd_comms_ms / 2)

@@ -1,6 +1,7 @@
 """The trainer's user errors: one line, exit code 2, before any training starts."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -110,3 +111,19 @@ def test_int8_with_row_wise_tables_is_refused(tmp_path: Path):
     r = torchrun("--config", "configs/tiny.yaml", "--plan", str(plan), "--comm-precision", "int8", "--steps", "2", "--out-dir", str(tmp_path / "o"))
     assert r.returncode != 0
     assert "error: int8 comms cannot run with row-wise table 't_large'" in r.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path):
+    config = tmp_path / "explode.yaml"
+    config.write_text(Path("configs/tiny.yaml").read_text().replace("embedding_lr: 0.05", "embedding_lr: 1.0e+30")
+                      .replace("dense_lr: 0.05", "dense_lr: 1.0e+30"))
+    ck = tmp_path / "ck"
+    r = torchrun("--config", str(config), "--steps", "50", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--out-dir", str(tmp_path / "o"))
+    assert r.returncode != 0
+    m = re.search(r"error: loss is not finite at step (\d+); training stopped and the newest good checkpoint is (\S+) \(step (\d+)\); lower the learning rates", r.stderr)
+    assert m, r.stderr[-2000:]
+    bad, kept = int(m.group(1)), int(m.group(3))
+    assert kept == bad - 1
+    from dlrm_scale.checkpoint import complete_checkpoints
+
+    assert complete_checkpoints(ck)[-1][0] == kept

@@ -1,0 +1,81 @@
+"""torchrun --max-restarts: a rank killed with SIGKILL costs only the steps since the last
+checkpoint, and the job ends with the same model as one never killed (deterministic mode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+pytestmark = pytest.mark.distributed
+STEPS, EVERY, KILL_AFTER = 120, 20, 50
+
+
+def command(tmp: Path, name: str, restarts: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--max-restarts={restarts}",
+            "-m", "dlrm_scale.train", "--config", "configs/tiny.yaml", "--steps", str(STEPS), "--deterministic",
+            "--checkpoint-dir", str(tmp / f"{name}_ck"), "--checkpoint-every", str(EVERY), "--resume",
+            "--out-dir", str(tmp / name)]
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    if not metrics.exists():
+        return []
+    return [json.loads(l)["step"] for l in metrics.read_text().splitlines() if '"loss"' in l]
+
+
+def rank_pid(agent: int, rank: int) -> int | None:
+    children = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout.split()
+    for pid in children:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def final_model(ck: Path, tmp: Path) -> dict:
+    out = tmp / f"{ck.name}.pt"
+    dcp_to_torch_save(str(ck / f"step_{STEPS:09d}"), str(out))
+    return torch.load(out, weights_only=False)["model"]
+
+
+def test_killed_rank_restarts_from_newest_checkpoint(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = subprocess.run(command(tmp_path, "ref", 0), capture_output=True, text=True, env=env, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    job = subprocess.Popen(command(tmp_path, "job", 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.time() + 300
+    while max(logged_steps(tmp_path / "job" / "metrics.jsonl"), default=0) < KILL_AFTER:
+        assert time.time() < deadline and job.poll() is None, "the job ended before it could be killed"
+        time.sleep(0.05)
+    victim = rank_pid(job.pid, 1)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    out, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, out[-3000:]
+
+    resumed = re.findall(r"resumed from \S+ \(step (\d+)\)", out)
+    assert resumed, out[-2000:]
+    steps = logged_steps(tmp_path / "job" / "metrics.jsonl")
+    killed_at = max(s for s in steps[: steps.index(int(resumed[0]) + 1, 1)])  # last step logged before the restart
+    assert int(resumed[0]) % EVERY == 0 and killed_at - int(resumed[0]) <= EVERY  # lost at most the steps since it
+    assert steps[-1] == STEPS
+
+    ref_model, job_model = final_model(tmp_path / "ref_ck", tmp_path), final_model(tmp_path / "job_ck", tmp_path)
+    assert ref_model.keys() == job_model.keys()
+    for key, value in ref_model.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, job_model[key]), key
