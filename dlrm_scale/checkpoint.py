@@ -15,6 +15,7 @@ gives, so a checkpoint saved under one plan (schemes, world size) loads under an
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import os
 import shutil
@@ -26,6 +27,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from planner.errors import PlannerError
+
+log = logging.getLogger("dlrm_scale.checkpoint")
+# DCP's CheckpointException derives from BaseException, not Exception
+LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 
 PREFIX = "step_"
 MARKER = "COMPLETE"
@@ -108,18 +113,33 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
 def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
     """Load model and optimizer state (resharding as needed) and, on the same world size, each
-    rank's RNG state. Returns the checkpoint's meta (its step among others)."""
+    rank's RNG state. Returns the checkpoint's meta (its step among others).
+
+    Tables always reshard. Optimizer state reshards too, except where the layouts keep
+    different state: row-wise Adagrad keeps one value per row and column shard, so moving a
+    table into or out of column-wise sharding restarts its optimizer state (with a warning).
+    """
     meta = read_meta(path)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    model_state = {"model": model.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as e:  # DCP raises CheckpointException and others for damaged or foreign files
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({first}); it is corrupted or for another model") from None
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+        dcp.load(model_state, checkpoint_id=str(path))
+    except LOAD_ERRORS as e:  # damaged or foreign files
+        raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({_first_line(e)}); it is corrupted or for another model") from None
+    model.load_state_dict(model_state["model"])
+    optim_state = {"optimizer": optimizer.state_dict()}
+    try:
+        dcp.load(optim_state, checkpoint_id=str(path))
+    except LOAD_ERRORS as e:
+        if dist.get_rank() == 0:
+            log.warning("optimizer state of %s does not map onto this plan (%s); it starts fresh", path, _first_line(e))
+    else:
+        optimizer.load_state_dict(optim_state["optimizer"])
     rank_file = path / f"rank{dist.get_rank()}.pt"
     if meta.get("world_size") == dist.get_world_size() and rank_file.exists():
         torch.set_rng_state(torch.load(rank_file, weights_only=True)["torch_rng"])

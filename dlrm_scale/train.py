@@ -11,6 +11,7 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -161,8 +162,15 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ:
         raise ConfigError("not started by torchrun: use 'torchrun --nproc_per_node N -m dlrm_scale.train ...' or 'dlrm-scale train'")
     cuda = torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank = dist.get_rank()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torchrun's agent hosts the store; otherwise rank 0 does. Keys live under the restart
+    # round, so workers restarted by --max-restarts never read the dead round's addresses.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
+    round_prefix = f"dlrm_scale/round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist.init_process_group(backend="nccl" if cuda else "gloo", store=dist.PrefixStore(round_prefix, store),
+                            rank=rank, world_size=world)
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)

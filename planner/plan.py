@@ -205,6 +205,7 @@ class Plan:
             cols = t.get("embedding_dim", max(s.col_offset + s.cols for s in shards))
             table = TablePlan(st, kernel, rows, cols, tuple(shards))
             check_geometry(name, table, source)
+            check_placement(name, table, world, local, source)
             tables[name] = table
         ranks = []
         for i, r in enumerate(doc.get("ranks", [])):
@@ -226,6 +227,21 @@ class Plan:
             solver=str(predicted.get("solver", "")),
             solve_seconds=float(predicted.get("solve_seconds", 0.0)),
         )
+
+
+def check_placement(name: str, table: TablePlan, world: int, local: int, source: str = "plan") -> None:
+    """The rank layouts TorchRec's row-wise schemes assume: row block i on rank i (row_wise),
+    or on local rank i of one node (table_row_wise); data_parallel replicas on every rank."""
+    ranks = [s.rank for s in sorted(table.shards, key=lambda s: s.row_offset)]
+    st = table.sharding_type
+    if st in ("row_wise", "data_parallel") and sorted(ranks) != list(range(world)):
+        raise PlanFormatError(f"{source}: {st} table {name!r} must have one shard on every one of the {world} ranks")
+    if st == "row_wise" and ranks != list(range(world)):
+        raise PlanFormatError(f"{source}: row_wise table {name!r} must put row block i on rank i, as TorchRec does")
+    if st == "table_row_wise":
+        node = ranks[0] // local
+        if ranks != [node * local + i for i in range(len(ranks))] or len(ranks) != local:
+            raise PlanFormatError(f"{source}: table_row_wise table {name!r} must put row block i on local rank i of one node")
 
 
 def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:

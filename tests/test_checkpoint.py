@@ -25,7 +25,8 @@ def uniform_plan(scheme: str, world: int) -> Plan:
     tables = {}
     for i, t in enumerate(p.tables):
         n = {"table_wise": 1, "column_wise": 2, "row_wise": world}[scheme]
-        ranks = [i % world] if scheme == "table_wise" else [(i + k) % world for k in range(n)]
+        # column shards anywhere; row blocks in rank order, as TorchRec's row-wise sharding needs
+        ranks = [i % world] if scheme == "table_wise" else [(i + k) % world for k in range(n)] if scheme == "column_wise" else list(range(n))
         shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, shard_geometry(t, st, n)))
         tables[t.name] = TablePlan(scheme, "fused", t.num_embeddings, t.embedding_dim, shards)
     return Plan(world, world, tables, (), 0.0, 0.0)

@@ -79,6 +79,17 @@ def test_overlapping_shards_are_rejected(plan_doc):
         Plan.from_dict(doc)
 
 
+def test_row_wise_blocks_must_follow_rank_order(plan_doc):
+    doc = copy.deepcopy(plan_doc)
+    doc["tables"]["b"] = {
+        "sharding_type": "row_wise", "compute_kernel": "fused", "num_embeddings": 1000, "embedding_dim": 16,
+        "shards": [{"rank": r, "row_offset": 250 * i, "col_offset": 0, "rows": 250, "cols": 16, "tier": "hbm"}
+                   for i, r in enumerate([1, 0, 2, 3])],
+    }
+    with pytest.raises(PlanFormatError, match="row block i on rank i"):
+        Plan.from_dict(doc)
+
+
 def test_missing_and_broken_files(tmp_path):
     with pytest.raises(PlanFormatError, match="does not exist"):
         Plan.load(tmp_path / "nope.json")

@@ -21,7 +21,8 @@ STEPS, EVERY, KILL_AFTER = 120, 20, 50
 
 
 def command(tmp: Path, name: str, restarts: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--max-restarts={restarts}",
+    # --standalone: c10d rendezvous; the static one hands restarted workers stale gloo addresses
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", f"--max-restarts={restarts}",
             "-m", "dlrm_scale.train", "--config", "configs/tiny.yaml", "--steps", str(STEPS), "--deterministic",
             "--checkpoint-dir", str(tmp / f"{name}_ck"), "--checkpoint-every", str(EVERY), "--resume",
             "--out-dir", str(tmp / name)]
@@ -56,7 +57,8 @@ def test_killed_rank_restarts_from_newest_checkpoint(tmp_path):
     ref = subprocess.run(command(tmp_path, "ref", 0), capture_output=True, text=True, env=env, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
 
-    job = subprocess.Popen(command(tmp_path, "job", 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log = open(tmp_path / "job.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll, and a full one blocks the job
+    job = subprocess.Popen(command(tmp_path, "job", 1), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.time() + 300
     while max(logged_steps(tmp_path / "job" / "metrics.jsonl"), default=0) < KILL_AFTER:
         assert time.time() < deadline and job.poll() is None, "the job ended before it could be killed"
@@ -64,7 +66,9 @@ def test_killed_rank_restarts_from_newest_checkpoint(tmp_path):
     victim = rank_pid(job.pid, 1)
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    out, _ = job.communicate(timeout=600)
+    job.wait(timeout=600)
+    log.close()
+    out = (tmp_path / "job.log").read_text()
     assert job.returncode == 0, out[-3000:]
 
     resumed = re.findall(r"resumed from \S+ \(step (\d+)\)", out)
