@@ -28,7 +28,17 @@ RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 MODELS = {"embedding_bound": "configs/bench_embedding_bound.yaml", "kaggle_shaped": "configs/bench_kaggle_shaped.yaml"}
 
 
-def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: str | None = None) -> dict:
+def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: str | None = None, tries: int = 2) -> dict:
+    """One training job's figures; a job that dies (this shared machine) is run once more."""
+    for attempt in range(tries):
+        try:
+            return _run(config, steps, planner, precision, plan)
+        except RuntimeError as e:
+            print(f"run failed (attempt {attempt + 1}): {str(e)[-300:]}", file=sys.stderr, flush=True)
+    raise RuntimeError(f"training failed {tries} times: {config} {planner} {precision}")
+
+
+def _run(config: str, steps: int, planner: str, precision: str, plan: str | None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
@@ -61,9 +71,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--parts", default="models,precision", help="models, precision, or both")
     args = ap.parse_args()
-    results = {"steps": args.steps, "repeats": args.repeats, "models": {}, "comm_precision": {}}
-    for model, config in MODELS.items():
+    parts = set(args.parts.split(","))
+    results = json.loads(Path(args.out).read_text()) if Path(args.out).exists() and parts != {"models", "precision"} else {}
+    results.update(steps=args.steps, repeats=args.repeats)
+    results.setdefault("models", {})
+    results.setdefault("comm_precision", {})
+    for model, config in MODELS.items() if "models" in parts else []:
         runs = {"ours": [], "torchrec": []}
         for _ in range(args.repeats):
             for planner in ("ours", "torchrec"):
@@ -77,7 +92,7 @@ def main() -> int:
     base = None
     plan = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name  # one plan for all precisions
     subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", config, "--out", plan], cwd=ROOT, check=True, capture_output=True)
-    for precision in ("fp32", "fp16/bf16", "int8"):
+    for precision in ("fp32", "fp16/bf16", "int8") if "precision" in parts else []:
         r = run(config, args.steps, "ours", precision, plan)
         base = base or r
         results["comm_precision"][precision] = {**r, "bytes_vs_fp32": r["comm_bytes"] / base["comm_bytes"], "auc_minus_fp32": r["auc"] - base["auc"]}
