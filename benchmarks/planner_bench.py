@@ -32,7 +32,6 @@ from workloads import WORKLOADS, workload  # noqa: E402
 
 from planner.bounds import lower_bound_ms  # noqa: E402
 from planner.candidates import enumerate_options  # noqa: E402
-from planner.cost_model import AnalyticCostModel  # noqa: E402
 from planner.planning import make_plan  # noqa: E402
 from planner.solver import SolverConfig  # noqa: E402
 from planner.types import TIERS  # noqa: E402

@@ -107,7 +107,6 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
                                 "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
                 if progress:
                     progress.update(1)
-            del tbe
     return samples
 
 

@@ -60,7 +60,7 @@ class TableSpec:
     def __post_init__(self) -> None:
         owner = f"table '{self.name}'"
         if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"a table has no name: give every table a non-empty 'name'")
+            raise ConfigError("a table has no name: give every table a non-empty 'name'")
         _positive_int(owner, "num_embeddings", self.num_embeddings)
         _positive_int(owner, "embedding_dim", self.embedding_dim)
         if self.embedding_dim % 4:

@@ -3,7 +3,6 @@ commands print it as 'error: ...' and exit 2), and overwrites nothing."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 

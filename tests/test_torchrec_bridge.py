@@ -1,5 +1,4 @@
 import pytest
-import torch
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
