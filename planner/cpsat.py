@@ -294,7 +294,8 @@ def solve_class_model(
     a table's rows, say), so counting shards per class removes the symmetry that stalls the
     joint model. Memory is left out here and honoured when the counts are turned into a
     placement (largest shards first, onto the rank with most room among those with quota).
-    Node-bound column shards (table_column_wise) are left out of the choice.
+    Node-bound column shards (table_column_wise) are left out of the choice; the proven bound
+    is reported only when each of them has a column_wise twin of equal shards.
     """
     world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
     model = cp_model.CpModel()
@@ -306,7 +307,9 @@ def solve_class_model(
         chooses = []
         for k, o in enumerate(options):
             if o.placement is Placement.ONE_NODE:
-                left_out = True
+                # Leaving out an option that a free-placement twin with the same shard costs and
+                # sizes dominates (table_column_wise beside column_wise, usually) keeps the bound.
+                left_out = left_out or not any(_same_shards(o, twin) for twin in options if twin.placement is Placement.ANY_RANK)
                 continue
             choose = model.NewBoolVar(f"c[{table},{k}]")
             chooses.append(choose)
@@ -365,6 +368,14 @@ def solve_class_model(
             out.shard_ranks[table] = [-1] * len(o.shards)
     placed = _place_by_counts(out, class_members, {c: [solver.Value(v) for v in n] for c, n in counts.items()}, cluster)
     return ClassModelResult(out if placed else None, bound, status == cp_model.OPTIMAL)
+
+
+def _same_shards(a: ShardingOption, b: ShardingOption) -> bool:
+    return (
+        len(a.shards) == len(b.shards)
+        and np.array_equal(np.sort(a.shard_ms), np.sort(b.shard_ms))
+        and np.array_equal(np.sort(a.shard_bytes, axis=0), np.sort(b.shard_bytes, axis=0))
+    )
 
 
 def _place_by_counts(out: Assignment, class_members, quota: dict[int, list[int]], cluster: ClusterSpec) -> bool:
