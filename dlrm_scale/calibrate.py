@@ -225,6 +225,12 @@ OVERHEAD_MODELS = ((2, 1000, 16, 1.0), (16, 1000, 16, 1.0), (4, 200_000, 64, 20.
 OVERHEAD_STEPS = 60
 
 
+def _overhead_model():
+    from dlrm_scale.model import ModelConfig
+
+    return ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))
+
+
 def _overhead_problem(model: tuple, cluster_fields: dict, world: int):
     from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 
@@ -237,7 +243,6 @@ def _overhead_problem(model: tuple, cluster_fields: dict, world: int):
 def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_fields: dict) -> float:
     import json
 
-    from dlrm_scale.model import ModelConfig
     from dlrm_scale.train import TrainConfig
     from dlrm_scale.trainer import Trainer
     from planner.planning import make_plan
@@ -245,8 +250,7 @@ def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_
     problem = _overhead_problem(model, cluster_fields, world)
     plan = make_plan(problem)
     config = TrainConfig(steps=OVERHEAD_STEPS, batch_size=256, log_every=10, eval_batches=1)
-    trainer = Trainer(problem, plan, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1)),
-                      config, torch.device("cpu"), rank, world, Path(out_dir))
+    trainer = Trainer(problem, plan, _overhead_model(), config, torch.device("cpu"), rank, world, Path(out_dir))
     trainer.run()
     if rank != 0:
         return 0.0
@@ -260,7 +264,6 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
     import tempfile
 
     from dlrm_scale.launch import run_on_ranks
-    from dlrm_scale.model import ModelConfig
     from dlrm_scale.simulate import simulate
     from planner.planning import make_plan
 
@@ -270,7 +273,7 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
             measured = run_on_ranks(_overhead_worker, cfg.nproc, out, model, cluster_fields)
         problem = _overhead_problem(model, cluster_fields, cfg.nproc)
         plan = make_plan(problem)
-        sim = simulate(plan, problem, ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1)))
+        sim = simulate(plan, problem, _overhead_model())
         busiest = max(sim.ranks, key=lambda r: r.step_ms).rank
         ids = sum(
             256 * cfg.nproc * problem.tables_by_name[name].pooling_factor * sum(s.rows for s in t.shards if s.rank == busiest) / t.num_embeddings

@@ -61,7 +61,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     from dlrm_scale.model import ModelConfig
     from dlrm_scale.simulate import simulate
-    from planner.config import check_keys, read_yaml
+    from planner.config import read_yaml, section_dataclass
 
     plan = Plan.load(args.plan)
     training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
@@ -75,9 +75,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     from dlrm_scale.train import check_plan_matches
 
     check_plan_matches(plan, problem, plan.world_size)
-    section = dict(read_yaml(Path(args.config), "config").get("model", {}) or {})
-    check_keys(section, ModelConfig.__dataclass_fields__, "config: model")
-    result = simulate(plan, problem, ModelConfig(**section))
+    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
+    result = simulate(plan, problem, model)
     print(result.format())
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")

@@ -20,14 +20,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from planner.config import read_yaml
+from dlrm_scale.checkpoint import CheckpointConfig
+from dlrm_scale.model import ModelConfig
+from planner.config import load_problem, read_yaml, section_dataclass
 from planner.errors import ConfigError, PlanFormatError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
 from planner.specs import PRECISION_ELEMENT_BYTES, PlanningProblem
-from planner.config import load_problem
-from dlrm_scale.checkpoint import CheckpointConfig
-from dlrm_scale.model import ModelConfig
 
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "sgd")
@@ -144,11 +143,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> TrainConfig:
-    from planner.config import check_keys
-
-    section = dict(doc.get("train", {}) or {})
-    check_keys(section, TrainConfig.__dataclass_fields__, "config: train")
-    config = TrainConfig(**{"batch_size": batch_size, **section})
+    config = section_dataclass(doc, "train", TrainConfig, "config", batch_size=batch_size)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed),
                                    ("eval_every", args.eval_every)) if v is not None}
     if args.no_pipeline:
@@ -201,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_comm_precision(f"fwd={problem.training.fwd_comm_precision},bwd={problem.training.bwd_comm_precision}")
         if problem.training.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
             raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(EMBEDDING_OPTIMIZERS)} to train")
-        model_section = dict(doc.get("model", {}) or {})
-        from planner.config import check_keys
-
-        check_keys(model_section, ModelConfig.__dataclass_fields__, "config: model")
-        model_config = ModelConfig(**model_section)
+        model_config = section_dataclass(doc, "model", ModelConfig, "config")
         train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
         plan = obtain_plan(args.plan, args.planner, problem, rank, world)
         check_precision_supported(plan, problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)

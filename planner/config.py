@@ -64,6 +64,17 @@ def mapping(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def section_dataclass(doc: dict[str, Any], key: str, cls: type, where: str, **defaults: Any) -> Any:
+    """A config section (`model`, `train`, ...) as the frozen dataclass that owns it: unknown
+    keys get a did-you-mean, values of the wrong type one line naming the section."""
+    section = mapping(doc.get(key), f"{where}: {key}")
+    check_keys(section, [f.name for f in fields(cls)], f"{where}: {key}")
+    try:
+        return cls(**{**defaults, **section})
+    except TypeError:
+        raise ConfigError(f"{where}: {key} has a value of the wrong type; check the numbers and lists in it") from None
+
+
 def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
     allowed = list(allowed)
     for key in given:

@@ -12,7 +12,7 @@ from dlrm_scale.checkpoint import CheckpointConfig, read_meta
 from dlrm_scale.criteo import CriteoTSV
 from dlrm_scale.model import ModelConfig
 from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
-from planner.config import load_problem, load_tables_csv
+from planner.config import load_problem, load_tables_csv, section_dataclass
 from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
@@ -125,6 +125,10 @@ CASES = [
      "--comm-precision: fp8 is refused: FBGEMM's fp8 comm codec fails with a shape error in 1.8; use fp16, bf16 or int8"),
     ("model without one logit", lambda t: ModelConfig(over_arch=(8, 2)), "model: over_arch must end in 1 (one logit), got [8, 2]"),
     ("zero steps", lambda t: TrainConfig(steps=0), "train: steps must be positive, got 0"),
+    ("model value of the wrong type", lambda t: section_dataclass({"model": {"dense_arch": "wide"}}, "model", ModelConfig, "config"),
+     "config: model has a value of the wrong type; check the numbers and lists in it"),
+    ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
+     "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]
 
 
