@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT))
 from dlrm_scale.model import ModelConfig  # noqa: E402
 from dlrm_scale.simulate import simulate  # noqa: E402
 from planner.config import load_problem  # noqa: E402
-from planner.plan import Plan, PlannedShard, TablePlan  # noqa: E402
-from planner.schemes import shard_geometry  # noqa: E402
+from planner.plan import Plan, table_layout  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -59,14 +58,7 @@ def write_config(path: Path, num_tables, rows, dim, pooling) -> None:
 
 def uniform_plan(problem, scheme: str) -> Plan:
     st = ShardingType(scheme)
-    tables = {}
-    for i, t in enumerate(problem.tables):
-        n = 1 if scheme == "table_wise" else 2
-        geoms = shard_geometry(t, st, n)
-        ranks = [i % 2] if scheme == "table_wise" else [0, 1]
-        kernel = "dense" if scheme == "data_parallel" else "fused"
-        tables[t.name] = TablePlan(scheme, kernel, t.num_embeddings, t.embedding_dim,
-                                   tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, geoms)))
+    tables = {t.name: table_layout(t, st, [i % 2] if scheme == "table_wise" else [0, 1], "ddr") for i, t in enumerate(problem.tables)}
     return Plan(2, 2, tables, (), 0.0, 0.0)
 
 

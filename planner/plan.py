@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from planner.candidates import compute_kernel_for
 from planner.errors import PlanFormatError
+from planner.schemes import shard_geometry
 from planner.solver import Solution
-from planner.specs import ClusterSpec
+from planner.specs import ClusterSpec, TableSpec
 from planner.types import TIERS, Perf, ShardingType, Storage
 
 SCHEMA = "dlrm-scale/plan/v1"
@@ -227,6 +229,14 @@ class Plan:
             solver=str(predicted.get("solver", "")),
             solve_seconds=float(predicted.get("solve_seconds", 0.0)),
         )
+
+
+def table_layout(table: TableSpec, sharding_type: ShardingType, ranks: Sequence[int], tier: str) -> TablePlan:
+    """A table laid out by hand (tests, benchmarks, hand-written plans): `sharding_type` cut into
+    len(ranks) shards (replicas for data_parallel), shard i on ranks[i]."""
+    geometries = shard_geometry(table, sharding_type, len(ranks))
+    shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, tier) for r, g in zip(ranks, geometries))
+    return TablePlan(sharding_type.value, compute_kernel_for(sharding_type), table.num_embeddings, table.embedding_dim, shards)
 
 
 def check_placement(name: str, table: TablePlan, world: int, local: int, source: str = "plan") -> None:

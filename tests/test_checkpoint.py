@@ -11,8 +11,7 @@ import torch
 
 from dlrm_scale.checkpoint import CheckpointError, complete_checkpoints, read_meta
 from dlrm_scale.launch import run_on_ranks
-from planner.plan import Plan, PlannedShard, TablePlan
-from planner.schemes import shard_geometry
+from planner.plan import Plan, table_layout
 from planner.types import ShardingType
 from tests.test_training_distributed import every_scheme_plan, model_config, problem
 
@@ -24,11 +23,9 @@ def uniform_plan(scheme: str, world: int) -> Plan:
     st = ShardingType(scheme)
     tables = {}
     for i, t in enumerate(p.tables):
-        n = {"table_wise": 1, "column_wise": 2, "row_wise": world}[scheme]
         # column shards anywhere; row blocks in rank order, as TorchRec's row-wise sharding needs
-        ranks = [i % world] if scheme == "table_wise" else [(i + k) % world for k in range(n)] if scheme == "column_wise" else list(range(n))
-        shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, shard_geometry(t, st, n)))
-        tables[t.name] = TablePlan(scheme, "fused", t.num_embeddings, t.embedding_dim, shards)
+        ranks = {"table_wise": [i % world], "column_wise": [i % world, (i + 1) % world], "row_wise": list(range(world))}[scheme]
+        tables[t.name] = table_layout(t, st, ranks, "ddr")
     return Plan(world, world, tables, (), 0.0, 0.0)
 
 

@@ -5,9 +5,8 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from dlrm_scale.sharding import from_sharding_plan, to_sharding_plan
 from dlrm_scale.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
 from planner.config import load_problem
-from planner.plan import Plan, PlannedShard, TablePlan, check_geometry
+from planner.plan import Plan, check_geometry, table_layout
 from planner.planning import make_plan
-from planner.schemes import shard_geometry
 from planner.scoring import rank_times_ms
 from planner.solver import SolverConfig
 from planner.types import ShardingType
@@ -27,10 +26,8 @@ def every_scheme_plan() -> tuple[Plan, dict]:
     tables, shapes = {}, {}
     for i, (st, n, kernel, ranks) in enumerate(SCHEMES):
         t = table(f"t_{st.value}", 1001 + i, 16)
-        geoms = shard_geometry(t, st, n)
-        ranks = ranks or list(range(n))
-        shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, geoms))
-        tables[t.name] = TablePlan(st.value, kernel, t.num_embeddings, t.embedding_dim, shards)
+        tables[t.name] = table_layout(t, st, ranks or list(range(n)), "ddr")
+        assert tables[t.name].compute_kernel == kernel
         shapes[t.name] = (t.num_embeddings, t.embedding_dim)
     return Plan(4, 2, tables, (), 0.0, 0.0), shapes
 

@@ -96,16 +96,12 @@ def test_int8_comms_on_a_table_wise_plan(tmp_path: Path):
 
 
 def test_int8_with_row_wise_tables_is_refused(tmp_path: Path):
-    from planner.plan import Plan, PlannedShard, TablePlan
     from planner.config import load_problem
+    from planner.plan import Plan, table_layout
+    from planner.types import ShardingType
 
     problem = load_problem("configs/tiny.yaml")
-    tables = {}
-    for t in problem.tables:
-        half = (t.num_embeddings + 1) // 2
-        tables[t.name] = TablePlan("row_wise", "fused", t.num_embeddings, t.embedding_dim, (
-            PlannedShard(0, 0, 0, half, t.embedding_dim, "ddr"),
-            PlannedShard(1, half, 0, t.num_embeddings - half, t.embedding_dim, "ddr")))
+    tables = {t.name: table_layout(t, ShardingType.ROW_WISE, [0, 1], "ddr") for t in problem.tables}
     plan = tmp_path / "rw.json"
     Plan(2, 2, tables, (), 0.0, 0.0).save(plan)
     r = torchrun("--config", "configs/tiny.yaml", "--plan", str(plan), "--comm-precision", "int8", "--steps", "2", "--out-dir", str(tmp_path / "o"))

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.plan import Plan, PlannedShard, TablePlan
-from planner.schemes import shard_geometry
+from planner.plan import Plan, table_layout
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 from planner.types import ShardingType
 from dlrm_scale.launch import run_on_ranks
@@ -36,11 +35,7 @@ def problem(optimizer: str = "sgd", fwd: str = "fp32", bwd: str = "fp32") -> Pla
 
 
 def every_scheme_plan(p: PlanningProblem) -> Plan:
-    tables = {}
-    for t, (_, st, n, kernel, ranks) in zip(p.tables, SCHEMES):
-        geoms = shard_geometry(t, st, n)
-        shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, "ddr") for r, g in zip(ranks, geoms))
-        tables[t.name] = TablePlan(st.value, kernel, t.num_embeddings, t.embedding_dim, shards)
+    tables = {t.name: table_layout(t, st, ranks, "ddr") for t, (_, st, _n, _kernel, ranks) in zip(p.tables, SCHEMES)}
     return Plan(2, 2, tables, (), 0.0, 0.0)
 
 
