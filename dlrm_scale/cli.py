@@ -33,6 +33,7 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, seconds (default 10)")
     p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
+    p.add_argument("--stats", help="stats.json from 'dlrm-scale profile': hit-rate curves for sizing caches")
     p.add_argument("--out", required=True, help="plan JSON to write")
     p.add_argument("--plot", help="PNG of per-rank cost and memory")
     p.add_argument("--compare", choices=["torchrec"], help="also run TorchRec's planner and compare")
@@ -119,7 +120,7 @@ def run_plan(args: argparse.Namespace) -> int:
     training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
     if args.config is None and not args.batch_size:
         training["batch_size_per_rank"] = 512
-    problem = load_problem(args.config, args.tables, args.hardware, cluster, training)
+    problem = load_problem(args.config, args.tables, args.hardware, cluster, training, stats_path=args.stats)
     solver = SolverConfig(time_limit_s=args.time_limit)
     cost_model = None
     if args.cost_model == "torchrec":

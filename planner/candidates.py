@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.cost_model import CostModel, OptionRequest
+from functools import lru_cache
+
+from planner.access_stats import TableAccess, zipf_access
+from planner.cost_model import CostModel, OptionRequest, rows_bytes
 from planner.errors import InfeasiblePlanError
 from planner.schemes import shard_counts, shard_geometry
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 from planner.types import TIERS, ShardingOption, ShardingType
+
+# Schemes whose shards may be cached. On CUDA, FBGEMM caches any TBE shard. On CPU our tiered
+# store remaps ids after TorchRec's input distribution, which bucketizes row-wise tables by
+# the rows it holds, so those stay uncached; replicas (data_parallel) are never cached.
+CACHEABLE = {
+    "cuda": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
+             ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE),
+    "cpu": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE),
+}
 
 
 def compute_kernel_for(sharding_type: ShardingType) -> str:
@@ -20,24 +32,60 @@ def compute_kernel_for(sharding_type: ShardingType) -> str:
     return "dense" if sharding_type is ShardingType.DATA_PARALLEL else "fused"
 
 
-def option_requests(table: TableSpec, cluster: ClusterSpec, int8_comms: bool = False) -> list[OptionRequest]:
+def cached_kernel_for(tier: str) -> str:
+    """TorchRec's kernel names: rows in host DDR behind an HBM cache, or in a key-value store."""
+    return "fused_uvm_caching" if tier == "ddr" else "key_value"
+
+
+@lru_cache(maxsize=4096)
+def _zipf_access(name: str, rows: int, exponent: float, batch: int, pooling: float) -> TableAccess:
+    return zipf_access(name, rows, exponent, batch, pooling)
+
+
+def table_access(table: TableSpec, problem: PlanningProblem) -> TableAccess:
+    """Measured statistics when stats.json has the table; else its Zipf law (uniform if none
+    is given) at the step's global batch."""
+    measured = problem.access.get(table.name)
+    if measured is not None:
+        return measured
+    batch = problem.training.batch_size_per_rank * problem.cluster.world_size
+    return _zipf_access("zipf", table.num_embeddings, float(table.zipf_exponent or 0.0), batch, table.pooling_factor)
+
+
+def worth_caching(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec, tiering: TieringSpec) -> bool:
+    fast = cluster.capacity_bytes_per_rank(cluster.device_tier)
+    size = rows_bytes(table.num_embeddings, table.embedding_dim, training.embedding_optimizer)
+    return tiering.enabled and bool(cluster.backing_tiers) and size > tiering.min_table_fraction * fast
+
+
+def option_requests(
+    table: TableSpec,
+    cluster: ClusterSpec,
+    int8_comms: bool = False,
+    access: TableAccess | None = None,
+    tiering: TieringSpec | None = None,
+) -> list[OptionRequest]:
+    """Every scheme and shard count with all rows in the device tier; and, given `access`
+    and `tiering`, each cacheable one again per backing tier and cache load factor."""
     requests = []
     for sharding_type in ShardingType:
         for n in shard_counts(table, sharding_type, cluster, int8_comms):
-            requests.append(
-                OptionRequest(
-                    table=table,
-                    sharding_type=sharding_type,
-                    compute_kernel=compute_kernel_for(sharding_type),
-                    tier=cluster.device_tier,
-                    geometries=tuple(shard_geometry(table, sharding_type, n)),
-                )
-            )
+            geometries = tuple(shard_geometry(table, sharding_type, n))
+            requests.append(OptionRequest(table, sharding_type, compute_kernel_for(sharding_type), cluster.device_tier, geometries))
+            if access is None or tiering is None or sharding_type not in CACHEABLE[cluster.device]:
+                continue
+            curve = access.curve(tiering.policy)
+            for tier in cluster.backing_tiers:
+                for fraction in tiering.load_factors:
+                    requests.append(OptionRequest(
+                        table, sharding_type, cached_kernel_for(tier), tier, geometries,
+                        cache_fraction=fraction, hit_rate=curve.at(fraction), unique_ratio=access.unique_ratio,
+                    ))
     return requests
 
 
-def _signature(table: TableSpec) -> tuple:
-    return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent)
+def _signature(table: TableSpec, access: TableAccess | None) -> tuple:
+    return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent, access)
 
 
 def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
@@ -52,12 +100,16 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
     """
     cluster = problem.cluster
     int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
+    accesses = {
+        t.name: table_access(t, problem) if worth_caching(t, cluster, problem.training, problem.tiering) else None
+        for t in problem.tables
+    }
     representative: dict[tuple, TableSpec] = {}
     for table in problem.tables:
-        representative.setdefault(_signature(table), table)
+        representative.setdefault(_signature(table, accesses[table.name]), table)
     requests, owners = [], []
     for sig, table in representative.items():
-        for req in option_requests(table, cluster, int8):
+        for req in option_requests(table, cluster, int8, sig[-1], problem.tiering):
             requests.append(req)
             owners.append(sig)
     costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}
@@ -66,20 +118,30 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
 
     result = {}
     for table in problem.tables:
-        options = [o for o in costed[_signature(table)] if fits_one_rank(o, cluster)]
+        sig = _signature(table, accesses[table.name])
+        options = [o for o in costed[sig] if fits_one_rank(o, cluster)]
         if not options:
-            _raise_too_large(table, costed[_signature(table)], cluster)
+            _raise_too_large(table, costed[sig], cluster)
         result[table.name] = [o if o.table == table.name else replace(o, table=table.name) for o in options]
     return result
 
 
 def _raise_too_large(table: TableSpec, options: list[ShardingOption], cluster: ClusterSpec) -> None:
-    tier = cluster.device_tier
-    smallest = min(options, key=lambda o: max(s.storage.of_tier(tier) for s in o.shards))
-    need = max(s.storage.of_tier(tier) for s in smallest.shards)
-    have = cluster.capacity_bytes_per_rank(tier)
+    caps = [cluster.capacity_bytes_per_rank(t) for t in TIERS]
+
+    def overflow(option: ShardingOption) -> tuple[float, int]:
+        """The option's worst tier, as need / capacity of its largest shard."""
+        largest = option.shard_bytes.max(axis=0)
+        ratios = [largest[i] / caps[i] if caps[i] else (float("inf") if largest[i] else 0.0) for i in range(len(TIERS))]
+        worst = max(range(len(TIERS)), key=lambda i: ratios[i])
+        return ratios[worst], worst
+
+    smallest = min(options, key=lambda o: overflow(o)[0])
+    tier_index = overflow(smallest)[1]
+    need = int(smallest.shard_bytes.max(axis=0)[tier_index])
+    tier = TIERS[tier_index]
     raise InfeasiblePlanError(
         f"table '{table.name}' does not fit: its smallest shard ({smallest.label}) needs {need:,} bytes of "
-        f"{tier} but a rank has {have:,}; add ranks (--world-size), give more memory per rank, "
+        f"{tier} but a rank has {caps[tier_index]:,}; add ranks (--world-size), give more memory per rank, "
         f"or reduce num_embeddings/embedding_dim"
     )

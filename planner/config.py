@@ -16,7 +16,8 @@ from typing import Any, Iterable
 import yaml
 
 from planner.errors import ConfigError
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+from planner.access_stats import load_stats
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
@@ -49,6 +50,8 @@ PROFILE_KEYS = {
     "dense_gflops": "dense_gflops",
     "step_overhead_ms": "step_overhead_ms",
     "table_overhead_ms": "table_overhead_ms",
+    "ddr_latency_us": "ddr_latency_us",
+    "ssd_latency_us": "ssd_latency_us",
     "source": None,
     "calibrated": None,
 }
@@ -204,8 +207,10 @@ def load_problem(
     hardware: str | None = None,
     cluster_overrides: dict[str, Any] | None = None,
     training_overrides: dict[str, Any] | None = None,
+    stats_path: str | Path | None = None,
 ) -> PlanningProblem:
-    """Specs from a config file (optional), a table CSV (optional) and flag overrides.
+    """Specs from a config file (optional), a table CSV (optional), access statistics
+    (optional, from `dlrm-scale profile`) and flag overrides.
 
     Precedence: flags over the config's sections over the hardware profile.
     """
@@ -244,4 +249,12 @@ def load_problem(
         tables = tables_from_config(config["tables"], where)
     else:
         raise ConfigError(f"{where}: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv")
-    return PlanningProblem(tuple(tables), cluster, training)
+    tiering = section_dataclass(config, "tiering", TieringSpec, where)
+    access = {}
+    if stats_path is not None:
+        access = load_stats(stats_path)
+        names = {t.name for t in tables}
+        unknown = sorted(set(access) - names)
+        if unknown:
+            raise ConfigError(f"stats file {stats_path} describes table '{unknown[0]}' that the config does not have; profile this config")
+    return PlanningProblem(tuple(tables), cluster, training, tiering, access)

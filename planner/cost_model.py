@@ -12,6 +12,7 @@ a hardware profile. dlrm_scale.torchrec_cost implements it from TorchRec's estim
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -31,13 +32,25 @@ ID_BYTES = 8  # int64 ids in the input all-to-all
 
 @dataclass(frozen=True)
 class OptionRequest:
-    """A sharding option to be costed: the table, scheme, kernel, tier and shard blocks."""
+    """A sharding option to be costed: the table, scheme, kernel, tier and shard blocks.
+
+    `tier` holds the rows. When `cache_fraction` < 1 that tier is slower than the device's,
+    and a cache of that fraction of each shard's rows lives in the device tier, serving
+    `hit_rate` of the rows a batch requests; `unique_ratio` is distinct rows per id.
+    """
 
     table: TableSpec
     sharding_type: ShardingType
     compute_kernel: str
     tier: str
     geometries: tuple[ShardGeometry, ...]
+    cache_fraction: float = 1.0
+    hit_rate: float = 1.0
+    unique_ratio: float = 1.0
+
+    @property
+    def cached(self) -> bool:
+        return self.cache_fraction < 1.0
 
 
 class CostModel(Protocol):
@@ -89,6 +102,23 @@ def lookup_bwd_ms(
     state_row_bytes = optimizer_state_bytes(1, cols, optimizer)
     bytes_touched = num_lookups * 2 * (cols * WEIGHT_BYTES + state_row_bytes)
     return transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
+
+
+def cache_rows(rows: int, cache_fraction: float) -> int:
+    """Rows of a shard's cache: the fraction rounded up, at least one, at most the shard."""
+    return min(rows, max(1, math.ceil(rows * cache_fraction))) if rows else 0
+
+
+def cache_miss_ms(misses: float, cols: int, optimizer: str, tier_gb_per_s: float, latency_us: float) -> float:
+    """Moving the rows a batch misses between the backing tier and the cache.
+
+    Each miss reads its row and optimizer state from the backing tier and evicts one cached
+    row; training dirties every row it looks up, so the victim is written back. Two moves
+    per miss, at the tier's bandwidth plus its per-row latency (amortised over the parallel
+    requests the tier serves). Assumes nothing of the move overlaps the step's compute.
+    """
+    row_bytes = cols * WEIGHT_BYTES + optimizer_state_bytes(1, cols, optimizer)
+    return transfer_ms(2 * misses * row_bytes, tier_gb_per_s) + 2 * misses * latency_us * 1e-3
 
 
 def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float, per_weight_ns: float = 0.0) -> float:
@@ -165,10 +195,15 @@ def framework_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
     )
 
 
+def rows_bytes(rows: int, cols: int, optimizer: str) -> int:
+    """Bytes of a block of fp32 weights and their optimizer state."""
+    return rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer)
+
+
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
-    """Bytes a shard holds: fp32 weights, optimizer state, and its pooled output and gradient
-    buffers for the `samples` it serves per step."""
-    return rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer) + 2 * samples * cols * WEIGHT_BYTES
+    """Bytes a shard holds in the tier it computes from: its rows (or its cache's rows), and
+    its pooled output and gradient buffers for the `samples` it serves per step."""
+    return rows_bytes(rows, cols, optimizer) + 2 * samples * cols * WEIGHT_BYTES
 
 
 class AnalyticCostModel:
@@ -192,7 +227,8 @@ class AnalyticCostModel:
                     cost = cache[key] = ShardCost(self.shard_perf(req, g), self.shard_storage(req, g))
                 shards.append(cost)
             options.append(
-                ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries, tuple(shards))
+                ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries,
+                               tuple(shards), req.cache_fraction)
             )
         return options
 
@@ -202,7 +238,7 @@ class AnalyticCostModel:
         local_batch = tr.batch_size_per_rank
         global_batch = local_batch * world
         pooling = table.pooling_factor
-        bw = cl.tier_gb_per_s(req.tier)
+        bw = cl.tier_gb_per_s(cl.device_tier if req.cached else req.tier)
         launch = cl.kernel_launch_ms
         opt = tr.embedding_optimizer
         fwd_p, bwd_p = tr.fwd_comm_precision, tr.bwd_comm_precision
@@ -218,6 +254,9 @@ class AnalyticCostModel:
             lookups = global_batch * pooling
 
         fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch, cl.lookup_fwd_ns)
+        if req.cached:  # rows are made resident before the lookup
+            misses = lookups * req.unique_ratio * (1.0 - req.hit_rate)
+            fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.tier_gb_per_s(req.tier), cl.tier_latency_us(req.tier))
         bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch, cl.lookup_bwd_ns)
         if st is ShardingType.DATA_PARALLEL:
             bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw, cl.dense_update_ns)
@@ -241,5 +280,8 @@ class AnalyticCostModel:
         samples = self.training.batch_size_per_rank * (
             1 if req.sharding_type is ShardingType.DATA_PARALLEL else self.cluster.world_size
         )
-        size = shard_storage_bytes(g.rows, g.cols, self.training.embedding_optimizer, samples)
-        return Storage(**{f"{req.tier}_bytes": size})
+        opt = self.training.embedding_optimizer
+        if not req.cached:
+            return Storage(**{f"{req.tier}_bytes": shard_storage_bytes(g.rows, g.cols, opt, samples)})
+        fast = shard_storage_bytes(cache_rows(g.rows, req.cache_fraction), g.cols, opt, samples)
+        return Storage(**{f"{self.cluster.device_tier}_bytes": fast}) + Storage(**{f"{req.tier}_bytes": rows_bytes(g.rows, g.cols, opt)})

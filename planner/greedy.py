@@ -30,6 +30,49 @@ def choose_options(options_by_table: Mapping[str, Sequence[ShardingOption]], cap
     return chosen
 
 
+def fit_memory(
+    chosen: Mapping[str, ShardingOption],
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    cluster: ClusterSpec,
+    fill: float = 0.95,
+) -> dict[str, ShardingOption]:
+    """Swap options until each tier's summed demand is within `fill` of the cluster's capacity.
+
+    Each swap frees bytes in the most over-full tier (relative to its size) at the least extra
+    time per byte, without pushing another tier over: this is how tables move to a slower tier
+    behind a cache, or to finer shards, only as far as memory forces. Packing may still fail
+    on fragmentation; callers retry with a smaller `fill`.
+    """
+    caps = rank_capacities(cluster).astype(np.float64) * cluster.world_size * fill
+    chosen = dict(chosen)
+    totals = {t: o.shard_bytes.sum(axis=0) for t, o in chosen.items()}
+    demand = sum(totals.values())
+    while True:
+        over = (demand - caps) / np.maximum(caps, 1.0)
+        tier = int(np.argmax(over))
+        if over[tier] <= 0:
+            return chosen
+        best, best_key = None, None
+        for table, current in chosen.items():
+            have = totals[table]
+            for alt in options_by_table[table]:
+                alt_bytes = alt.shard_bytes.sum(axis=0)
+                saved = have[tier] - alt_bytes[tier]
+                if saved <= 0:
+                    continue
+                after = demand - have + alt_bytes
+                if np.any((after > caps) & (after > demand)):
+                    continue
+                key = ((alt.total_ms - current.total_ms) / saved, alt.total_ms, table)
+                if best_key is None or key < best_key:
+                    best, best_key = (table, alt, alt_bytes), key
+        if best is None:
+            return chosen  # nothing frees memory here; packing reports the tier that is short
+        table, alt, alt_bytes = best
+        demand = demand - totals[table] + alt_bytes
+        chosen[table], totals[table] = alt, alt_bytes
+
+
 def _fits(loads: RankLoads, caps: np.ndarray, rank: int, shard_bytes: np.ndarray) -> bool:
     return bool(np.all(loads.bytes[rank] + shard_bytes <= caps))
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from planner.candidates import compute_kernel_for
+from planner.candidates import cached_kernel_for, compute_kernel_for
+from planner.cost_model import cache_rows
 from planner.errors import PlanFormatError
 from planner.schemes import shard_geometry
 from planner.solver import Solution
@@ -20,6 +21,7 @@ from planner.types import TIERS, Perf, ShardingType, Storage
 
 SCHEMA = "dlrm-scale/plan/v1"
 KERNELS = ("dense", "fused", "fused_uvm_caching", "key_value")
+CACHED_KERNELS = ("fused_uvm_caching", "key_value")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class PlannedShard:
     col_offset: int
     rows: int
     cols: int
-    tier: str
+    tier: str  # where the shard's rows live
+    cache_rows: int = 0  # rows cached in the device tier (cached kernels only)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,11 @@ class TablePlan:
     num_embeddings: int
     embedding_dim: int
     shards: tuple[PlannedShard, ...]
+    cache_load_factor: float | None = None  # cached kernels: cache rows / shard rows
+
+    @property
+    def cached(self) -> bool:
+        return self.compute_kernel in CACHED_KERNELS
 
     @property
     def ranks(self) -> list[int]:
@@ -83,8 +91,10 @@ class Plan:
             option = solution.assignment.choice[name]
             ranks = solution.assignment.shard_ranks[name]
             shards = []
+            cached = option.cache_fraction < 1.0
             for g, shard, rank in zip(option.geometries, option.shards, ranks):
-                shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier))
+                cache = cache_rows(g.rows, option.cache_fraction) if cached else 0
+                shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier, cache))
                 perf[rank] = perf[rank] + shard.perf
                 memory[rank] = memory[rank] + shard.storage
             first = option.geometries[0]
@@ -92,7 +102,8 @@ class Plan:
                 ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE) else first.rows
             cols = sum(g.cols for g in option.geometries) if option.sharding_type in (
                 ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE) else first.cols
-            tables[name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards))
+            tables[name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards),
+                                     option.cache_fraction if cached else None)
         rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
         return cls(
             world_size=world,
@@ -113,20 +124,7 @@ class Plan:
             "world_size": self.world_size,
             "ranks_per_node": self.ranks_per_node,
             "cost_model": self.cost_model,
-            "tables": {
-                name: {
-                    "sharding_type": t.sharding_type,
-                    "compute_kernel": t.compute_kernel,
-                    "num_embeddings": t.num_embeddings,
-                    "embedding_dim": t.embedding_dim,
-                    "shards": [
-                        {"rank": s.rank, "row_offset": s.row_offset, "col_offset": s.col_offset,
-                         "rows": s.rows, "cols": s.cols, "tier": s.tier}
-                        for s in t.shards
-                    ],
-                }
-                for name, t in self.tables.items()
-            },
+            "tables": {name: _table_dict(t) for name, t in self.tables.items()},
             "ranks": [
                 {
                     "rank": r.rank,
@@ -200,12 +198,22 @@ class Plan:
                 tier = need(s, "tier", str, sw)
                 if tier not in TIERS:
                     raise PlanFormatError(f"{source}: {sw}.tier {tier!r} is not one of {list(TIERS)}")
-                shards.append(PlannedShard(*vals, tier))
+                cache = 0
+                if kernel in CACHED_KERNELS:
+                    cache = need(s, "cache_rows", int, sw)
+                    if not 0 < cache <= max(1, vals[3]):
+                        raise PlanFormatError(f"{source}: {sw}.cache_rows {cache} must be in 1..{vals[3]} (the shard's rows)")
+                shards.append(PlannedShard(*vals, tier, cache))
             if not shards:
                 raise PlanFormatError(f"{source}: {where} has no shards")
+            load_factor = None
+            if kernel in CACHED_KERNELS:
+                load_factor = need(t, "cache_load_factor", (int, float), where)
+                if not 0 < load_factor <= 1:
+                    raise PlanFormatError(f"{source}: {where}.cache_load_factor {load_factor} must be in (0, 1]")
             rows = t.get("num_embeddings", max(s.row_offset + s.rows for s in shards))
             cols = t.get("embedding_dim", max(s.col_offset + s.cols for s in shards))
-            table = TablePlan(st, kernel, rows, cols, tuple(shards))
+            table = TablePlan(st, kernel, rows, cols, tuple(shards), load_factor)
             check_geometry(name, table, source)
             check_placement(name, table, world, local, source)
             tables[name] = table
@@ -231,12 +239,34 @@ class Plan:
         )
 
 
-def table_layout(table: TableSpec, sharding_type: ShardingType, ranks: Sequence[int], tier: str) -> TablePlan:
+def _table_dict(t: TablePlan) -> dict[str, Any]:
+    def shard(s: PlannedShard) -> dict[str, Any]:
+        out = {"rank": s.rank, "row_offset": s.row_offset, "col_offset": s.col_offset, "rows": s.rows, "cols": s.cols, "tier": s.tier}
+        if t.cached:
+            out["cache_rows"] = s.cache_rows
+        return out
+
+    out = {"sharding_type": t.sharding_type, "compute_kernel": t.compute_kernel,
+           "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim}
+    if t.cached:
+        out["cache_load_factor"] = t.cache_load_factor
+    out["shards"] = [shard(s) for s in t.shards]
+    return out
+
+
+def table_layout(table: TableSpec, sharding_type: ShardingType, ranks: Sequence[int], tier: str,
+                 cache_load_factor: float | None = None) -> TablePlan:
     """A table laid out by hand (tests, benchmarks, hand-written plans): `sharding_type` cut into
-    len(ranks) shards (replicas for data_parallel), shard i on ranks[i]."""
+    len(ranks) shards (replicas for data_parallel), shard i on ranks[i]; with a cache load
+    factor, rows in `tier` behind a cache of that fraction of each shard's rows."""
     geometries = shard_geometry(table, sharding_type, len(ranks))
-    shards = tuple(PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, tier) for r, g in zip(ranks, geometries))
-    return TablePlan(sharding_type.value, compute_kernel_for(sharding_type), table.num_embeddings, table.embedding_dim, shards)
+    cached = cache_load_factor is not None
+    shards = tuple(
+        PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, tier, cache_rows(g.rows, cache_load_factor) if cached else 0)
+        for r, g in zip(ranks, geometries)
+    )
+    kernel = cached_kernel_for(tier) if cached else compute_kernel_for(sharding_type)
+    return TablePlan(sharding_type.value, kernel, table.num_embeddings, table.embedding_dim, shards, cache_load_factor)
 
 
 def check_placement(name: str, table: TablePlan, world: int, local: int, source: str = "plan") -> None:

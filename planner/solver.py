@@ -17,7 +17,7 @@ from planner.assignment import Assignment, RankLoads
 from planner.bounds import lower_bound_ms
 from planner.cpsat import class_model_size, joint_model_size, repair_placement, solve_class_model, solve_joint
 from planner.errors import ConfigError, InfeasiblePlanError
-from planner.greedy import choose_options, local_search, pack, refine_by_splitting
+from planner.greedy import choose_options, fit_memory, local_search, pack, refine_by_splitting
 from planner.specs import ClusterSpec
 from planner.types import ShardingOption
 
@@ -69,15 +69,21 @@ def warm_start(
     caps: Sequence[float],
     deadline_s: float,
 ) -> Assignment:
-    """Best over several shard-size caps of: greedy option choice, LPT, local search and
-    splitting of the tables on the busiest rank. Each cap gets an equal share of the time."""
+    """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
+    local search and splitting of the tables on the busiest rank. Each cap gets an equal
+    share of the time; when memory is tight, packing is retried with less of it filled."""
     best, best_peak, first_error = None, math.inf, None
     for i, frac in enumerate(caps):
         share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
-        try:
-            candidate = refine_by_splitting(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
-        except InfeasiblePlanError as e:
-            first_error = first_error or e
+        candidate = None
+        for fill in (0.95, 0.85, 0.7):
+            chosen = fit_memory(choose_options(options_by_table, frac * bound_ms), options_by_table, cluster, fill)
+            try:
+                candidate = refine_by_splitting(options_by_table, chosen, cluster, share)
+                break
+            except InfeasiblePlanError as e:
+                first_error = first_error or e
+        if candidate is None:
             continue
         peak = _peak(candidate, cluster.world_size)
         if peak < best_peak - 1e-12:
@@ -111,6 +117,7 @@ def solve(
     best_peak, method = _peak(best, world), "greedy"
 
     target = bound * (1 + config.target_gap)
+    class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
         result = solve_class_model(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
@@ -119,11 +126,12 @@ def solve(
             if result.bound_ms is not None:
                 bound = max(bound, result.bound_ms)
             if result.assignment is not None:
+                class_placed = True
                 peak = _peak(result.assignment, world)
                 if peak < best_peak:
                     best, best_peak = result.assignment, peak
                 method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
-    elif best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
+    if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
         result = solve_joint(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
         )
@@ -131,7 +139,7 @@ def solve(
             bound = max(bound, result.bound_ms)
             if _peak(result.assignment, world) < best_peak:
                 best, best_peak = result.assignment, _peak(result.assignment, world)
-            method = "joint-optimal" if result.optimal else "joint"
+            method = ("joint-optimal" if result.optimal else "joint") if method == "greedy" else method + "+joint"
     if best_peak > max(target, bound * (1 + config.target_gap)) and deadline > time.monotonic():
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),

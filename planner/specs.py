@@ -103,6 +103,8 @@ class ClusterSpec:
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
     table_overhead_ms: float = 0.0  # the same per embedding table (input splitting, bookkeeping)
+    ddr_latency_us: float = 0.0  # per row fetched from the tier, amortised over its parallel requests
+    ssd_latency_us: float = 0.0
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -125,7 +127,7 @@ class ClusterSpec:
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "input_id_ns", "dense_update_ns", "dense_gflops",
-                     "step_overhead_ms", "table_overhead_ms"):
+                     "step_overhead_ms", "table_overhead_ms", "ddr_latency_us", "ssd_latency_us"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigError(f"{owner}: '{name}' must be >= 0")
@@ -151,6 +153,15 @@ class ClusterSpec:
 
     def tier_gb_per_s(self, tier: str) -> float:
         return {"hbm": self.hbm_gb_per_s, "ddr": self.ddr_gb_per_s, "ssd": self.ssd_gb_per_s}[tier]
+
+    def tier_latency_us(self, tier: str) -> float:
+        return {"hbm": 0.0, "ddr": self.ddr_latency_us, "ssd": self.ssd_latency_us}[tier]
+
+    @property
+    def backing_tiers(self) -> tuple[str, ...]:
+        """Tiers slower than the device's that have room: where cached tables may keep their rows."""
+        slower = ("ddr", "ssd") if self.device == "cuda" else ("ssd",)
+        return tuple(t for t in slower if self.capacity_bytes_per_rank(t) > 0)
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
@@ -183,6 +194,40 @@ class TrainingSpec:
                 )
 
 
+CACHE_POLICIES = ("lru", "lfu")
+
+
+@dataclass(frozen=True)
+class TieringSpec:
+    """Whether and how the planner may keep a table's rows in a slower tier behind a cache.
+
+    A cached option is tried for each load factor (cache rows / shard rows) and each slower
+    tier with room, for tables whose rows would take more than `min_table_fraction` of a
+    rank's device memory: small tables never gain from it.
+    """
+
+    enabled: bool = True
+    policy: str = "lru"
+    load_factors: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4)
+    min_table_fraction: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"tiering: 'enabled' must be true or false, got {self.enabled!r}")
+        if self.policy not in CACHE_POLICIES:
+            raise ConfigError(f"tiering: policy {self.policy!r} is not one of {', '.join(CACHE_POLICIES)}")
+        factors = self.load_factors
+        if isinstance(factors, (int, float)):
+            factors = (factors,)
+        if not isinstance(factors, (list, tuple)) or not factors or any(
+            not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f < 1 for f in factors
+        ):
+            raise ConfigError(f"tiering: load_factors must be a list of fractions in (0, 1), got {self.load_factors!r}")
+        object.__setattr__(self, "load_factors", tuple(float(f) for f in factors))
+        if not isinstance(self.min_table_fraction, (int, float)) or not 0 <= self.min_table_fraction <= 1:
+            raise ConfigError(f"tiering: min_table_fraction must be in [0, 1], got {self.min_table_fraction!r}")
+
+
 @dataclass(frozen=True)
 class PlanningProblem:
     """Everything the planner needs: specs in, plan out."""
@@ -190,6 +235,8 @@ class PlanningProblem:
     tables: tuple[TableSpec, ...]
     cluster: ClusterSpec
     training: TrainingSpec
+    tiering: TieringSpec = TieringSpec()
+    access: dict = field(default_factory=dict, repr=False, compare=False)  # table name -> access_stats.TableAccess
     tables_by_name: dict[str, TableSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

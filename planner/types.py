@@ -129,6 +129,7 @@ class ShardingOption:
     tier: str
     geometries: tuple[ShardGeometry, ...]
     shards: tuple[ShardCost, ...]  # the cost of each shard, in the order of `geometries`
+    cache_fraction: float = 1.0  # < 1: rows live in `tier`, this fraction cached in the device tier
     placement: Placement = field(init=False)
 
     def __post_init__(self) -> None:
@@ -163,4 +164,5 @@ class ShardingOption:
     @property
     def label(self) -> str:
         n = len(self.shards)
-        return self.sharding_type.value if n == 1 else f"{self.sharding_type.value}x{n}"
+        label = self.sharding_type.value if n == 1 else f"{self.sharding_type.value}x{n}"
+        return label if self.cache_fraction >= 1.0 else f"{label}@{self.tier}+cache{self.cache_fraction:g}"

@@ -1,6 +1,6 @@
 import pytest
 
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 GIB = 1024**3
 
@@ -28,8 +28,9 @@ def cluster() -> ClusterSpec:
     return make_cluster()
 
 
-def make_problem(tables, cluster=None, batch=1024, **training) -> PlanningProblem:
-    return PlanningProblem(tuple(tables), cluster or make_cluster(), TrainingSpec(batch_size_per_rank=batch, **training))
+def make_problem(tables, cluster=None, batch=1024, tiering=None, access=None, **training) -> PlanningProblem:
+    return PlanningProblem(tuple(tables), cluster or make_cluster(), TrainingSpec(batch_size_per_rank=batch, **training),
+                           tiering or TieringSpec(), access or {})
 
 
 def table(name, rows=100_000, dim=64, pooling=1.0) -> TableSpec:

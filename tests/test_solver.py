@@ -8,7 +8,7 @@ from planner.cost_model import AnalyticCostModel
 from planner.errors import InfeasiblePlanError
 from planner.planning import make_plan
 from planner.solver import SolverConfig, solve
-from planner.specs import TableSpec
+from planner.specs import TableSpec, TieringSpec
 from planner.types import TIERS, Placement
 from tests.conftest import make_cluster, make_problem, table
 
@@ -88,11 +88,23 @@ def test_table_larger_than_any_rank_is_a_clear_error():
     assert "'huge'" in msg and "bytes" in msg and "add ranks" in msg and "\n" not in msg
 
 
-def test_tables_that_fit_alone_but_not_together_are_a_clear_error():
+def test_tables_that_fit_alone_but_not_together_are_a_clear_error_without_tiering():
     tables = [table(f"t{i}", 30_000_000, 64) for i in range(6)]
-    problem = make_problem(tables, make_cluster(ranks_per_node=2, hbm_gib=12))
+    problem = make_problem(tables, make_cluster(ranks_per_node=2, hbm_gib=12), tiering=TieringSpec(enabled=False))
     with pytest.raises(InfeasiblePlanError, match="no rank with room"):
         make_plan(problem)
+
+
+def test_tables_too_big_for_hbm_together_go_to_ddr_behind_a_cache():
+    tables = [table(f"t{i}", 30_000_000, 64) for i in range(6)]
+    cluster = make_cluster(ranks_per_node=2, hbm_gib=12)
+    plan = make_plan(make_problem(tables, cluster), config=SolverConfig(time_limit_s=5))
+    cached = [t for t in plan.tables.values() if t.compute_kernel == "fused_uvm_caching"]
+    assert cached and all(s.tier == "ddr" and 0 < s.cache_rows < s.rows for t in cached for s in t.shards)
+    assert any(t.compute_kernel == "fused" for t in plan.tables.values())  # only as many cached as memory needs
+    for r in plan.ranks:
+        assert r.memory.hbm_bytes <= cluster.hbm_bytes_per_rank
+        assert r.memory.ddr_bytes <= cluster.capacity_bytes_per_rank("ddr")
 
 
 def synthetic_tables(n, seed):

@@ -1,0 +1,264 @@
+"""How a table is read: pooling, distinct ids, and the hit rate a row cache of a given size gets.
+
+The unit of access is a row requested by one batch (duplicates within a batch count once),
+because that is what a cache serves: the rows of a batch are made resident before its lookup.
+A hit rate is the fraction of those requests found in the cache.
+
+Curves come from a trace (`trace_access`, what `dlrm-scale profile` writes to stats.json) or,
+when there is none, from a Zipf exponent (`zipf_access`). Both describe steady state: a
+trace's first half warms the cache and only its second half is scored, since training runs
+far longer than any profiled sample.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import ConfigError
+
+POLICIES = ("lru", "lfu")
+# Cache sizes at which curves are tabulated, as fractions of the table's rows.
+CACHE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+STATS_SCHEMA = "dlrm-scale/stats/v1"
+
+
+@dataclass(frozen=True)
+class HitRateCurve:
+    """Hit rate at cache sizes given as fractions of the table's rows (increasing)."""
+
+    cache_fractions: tuple[float, ...]
+    hit_rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.cache_fractions) != len(self.hit_rates) or not self.cache_fractions:
+            raise ConfigError("hit-rate curve: cache_fractions and hit_rates must be non-empty and of equal length")
+        if any(b <= a for a, b in zip(self.cache_fractions, self.cache_fractions[1:])):
+            raise ConfigError("hit-rate curve: cache_fractions must increase")
+        if any(not 0.0 <= h <= 1.0 for h in self.hit_rates) or any(not 0.0 < f <= 1.0 for f in self.cache_fractions):
+            raise ConfigError("hit-rate curve: fractions must lie in (0, 1] and hit rates in [0, 1]")
+
+    def at(self, cache_fraction: float) -> float:
+        """Linear between tabulated sizes, through (0, 0); flat past the largest."""
+        return float(np.interp(cache_fraction, (0.0, *self.cache_fractions), (0.0, *self.hit_rates)))
+
+
+@dataclass(frozen=True)
+class TableAccess:
+    """Access statistics of one table, as measured by a profile or derived from a Zipf law."""
+
+    name: str
+    batch_size: int  # samples per batch the statistics were taken at
+    pooling_factor: float  # ids per sample
+    distinct_ids: int  # distinct ids in the whole sample
+    unique_ids_per_batch: float  # distinct ids in one batch, on average
+    lru: HitRateCurve
+    lfu: HitRateCurve
+
+    def curve(self, policy: str) -> HitRateCurve:
+        if policy not in POLICIES:
+            raise ConfigError(f"unknown cache policy {policy!r}; use one of {', '.join(POLICIES)}")
+        return self.lru if policy == "lru" else self.lfu
+
+    @property
+    def unique_ratio(self) -> float:
+        """Distinct rows per id looked up in a batch: how much deduplication saves."""
+        ids = self.batch_size * self.pooling_factor
+        return min(1.0, self.unique_ids_per_batch / ids) if ids > 0 else 1.0
+
+
+# ---- from a trace ----------------------------------------------------------------------------
+def lru_positions(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
+    """LRU stack position of every row request of the scored (second) half of the trace.
+
+    A request at batch t for a row last requested at batch t' < t has, above it, the D rows
+    last requested in batches t'+1..t-1; rows last requested in batch t' itself tie with it,
+    so it is put in the middle of them. A cache of C rows serves it iff position <= C. First
+    requests get +inf. Batch-granular stack distances in O(T^2 + N), with T batches.
+    Returns the positions and the number of scored requests.
+    """
+    uniques = [np.unique(b) for b in batches]
+    _, inverse = np.unique(np.concatenate(uniques), return_inverse=True)
+    last = np.full(int(inverse.max()) + 1 if len(inverse) else 0, -1, dtype=np.int64)
+    alive = np.zeros(len(batches), dtype=np.int64)  # rows whose latest request is in batch t
+    scored_from = len(batches) // 2
+    positions, scored, start = [], 0, 0
+    for t, u in enumerate(uniques):
+        rows = inverse[start:start + len(u)]
+        start += len(u)
+        prev = last[rows]
+        seen = prev >= 0
+        if t >= scored_from:
+            cum = np.cumsum(alive[:t])
+            p = prev[seen]
+            above = cum[t - 1] - cum[p]
+            pos = np.full(len(rows), np.inf)
+            pos[seen] = above + (alive[p] + 1) / 2.0
+            positions.append(pos)
+            scored += len(rows)
+        np.subtract.at(alive, prev[seen], 1)
+        alive[t] = len(rows)
+        last[rows] = t
+    return (np.concatenate(positions) if positions else np.zeros(0)), scored
+
+
+def lfu_hits(batches: Sequence[np.ndarray], cache_rows: Sequence[int]) -> list[float]:
+    """Hit rate of an ideal LFU cache (it holds the most frequently requested rows of the
+    sample) over the scored half; a row's first request is always a miss."""
+    uniques = [np.unique(b) for b in batches]
+    ids, inverse, counts = np.unique(np.concatenate(uniques), return_inverse=True, return_counts=True)
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[np.argsort(-counts, kind="stable")] = np.arange(len(ids))
+    scored_from = len(batches) // 2
+    offset = sum(len(u) for u in uniques[:scored_from])
+    first_seen = np.zeros(len(ids), dtype=bool)
+    np.logical_or.at(first_seen, inverse[:offset], True)
+    scored = inverse[offset:]
+    # a request is not a first request if the row was seen in the warm-up or earlier in the scored half
+    order = np.arange(len(scored))
+    first_in_scored = np.full(len(ids), len(scored))
+    np.minimum.at(first_in_scored, scored, order)
+    repeat = first_seen[scored] | (order > first_in_scored[scored])
+    r = rank[scored]
+    return [float(np.mean(repeat & (r < c))) if len(scored) else 0.0 for c in cache_rows]
+
+
+def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_size: int,
+                 fractions: Sequence[float] = CACHE_FRACTIONS) -> TableAccess:
+    """Statistics of a table from the ids its batches requested (one array per batch)."""
+    if len(batches) < 2:
+        raise ConfigError(f"table '{name}': a profile needs at least 2 batches, got {len(batches)}")
+    sizes = [max(1, math.ceil(f * num_rows)) for f in fractions]
+    positions, scored = lru_positions(batches)
+    lru = [float(np.sum(positions <= c)) / scored if scored else 0.0 for c in sizes]
+    lfu = lfu_hits(batches, sizes)
+    all_ids = np.concatenate(batches)
+    return TableAccess(
+        name=name,
+        batch_size=batch_size,
+        pooling_factor=len(all_ids) / (batch_size * len(batches)),
+        distinct_ids=int(len(np.unique(all_ids))),
+        unique_ids_per_batch=float(np.mean([len(np.unique(b)) for b in batches])),
+        lru=HitRateCurve(tuple(fractions), tuple(lru)),
+        lfu=HitRateCurve(tuple(fractions), tuple(lfu)),
+    )
+
+
+# ---- from a Zipf law -------------------------------------------------------------------------
+def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 100_000, tail_bins: int = 2_000):
+    """P(id = i) proportional to (i+1)^-s, as (probability, multiplicity) pairs: exact for the
+    first `exact_head` rows, log-spaced bins of near-equal probability for the rest, so tables
+    of a billion rows cost as much as small ones."""
+    head = min(num_rows, exact_head)
+    ranks = [np.arange(1, head + 1, dtype=np.float64)]
+    mult = [np.ones(head)]
+    if num_rows > head:
+        edges = np.unique(np.geomspace(head + 1, num_rows + 1, tail_bins + 1).astype(np.int64))
+        lo, hi = edges[:-1], edges[1:]
+        ranks.append(np.sqrt(lo * (hi - 1.0).clip(min=lo)))
+        mult.append((hi - lo).astype(np.float64))
+    r, m = np.concatenate(ranks), np.concatenate(mult)
+    w = r ** -exponent
+    return w / np.sum(w * m), m
+
+
+def zipf_access(name: str, num_rows: int, exponent: float, batch_size: int, pooling_factor: float,
+                fractions: Sequence[float] = CACHE_FRACTIONS) -> TableAccess:
+    """Steady-state statistics under independent Zipf draws of `batch_size * pooling_factor`
+    ids per batch. A row of probability p is requested by a batch with q = 1 - (1-p)^n.
+    LFU keeps the rows of highest q. LRU follows Che's approximation: a row stays cached for
+    a characteristic T batches, with sum(1 - (1-q)^T) = C, and hits with 1 - (1-q)^T."""
+    p, m = zipf_row_probabilities(num_rows, exponent)
+    n = batch_size * pooling_factor
+    q = -np.expm1(n * np.log1p(-np.minimum(p, 1 - 1e-15)))
+    unique = float(np.sum(q * m))
+    order = np.argsort(-q, kind="stable")
+    q_sorted, m_sorted = q[order], m[order]
+    cum_rows, cum_q = np.cumsum(m_sorted), np.cumsum(q_sorted * m_sorted)
+    log_miss = np.log1p(-np.minimum(q, 1 - 1e-15))
+    lru, lfu = [], []
+    for f in fractions:
+        c = min(num_rows, f * num_rows)
+        k = np.searchsorted(cum_rows, c)  # partial bin at the boundary
+        full = cum_q[k - 1] if k > 0 else 0.0
+        part = (c - (cum_rows[k - 1] if k > 0 else 0.0)) * q_sorted[k] if k < len(q_sorted) else 0.0
+        lfu.append(min(1.0, (full + part) / unique))
+        if c >= num_rows:
+            lru.append(1.0)
+            continue
+        lo, hi = 0.0, 1.0
+        while np.sum(-np.expm1(hi * log_miss) * m) < c:
+            hi *= 2.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if np.sum(-np.expm1(mid * log_miss) * m) < c else (lo, mid)
+        lru.append(float(np.sum(q * -np.expm1(hi * log_miss) * m) / unique))
+    return TableAccess(
+        name=name,
+        batch_size=batch_size,
+        pooling_factor=pooling_factor,
+        distinct_ids=int(round(unique)),
+        unique_ids_per_batch=unique,
+        lru=HitRateCurve(tuple(fractions), tuple(lru)),
+        lfu=HitRateCurve(tuple(fractions), tuple(lfu)),
+    )
+
+
+# ---- stats.json ------------------------------------------------------------------------------
+def save_stats(stats: dict[str, TableAccess], path: str | Path, source: str) -> None:
+    doc = {
+        "schema": STATS_SCHEMA,
+        "source": source,
+        "tables": {
+            name: {
+                "batch_size": a.batch_size,
+                "pooling_factor": a.pooling_factor,
+                "distinct_ids": a.distinct_ids,
+                "unique_ids_per_batch": a.unique_ids_per_batch,
+                "cache_fractions": list(a.lru.cache_fractions),
+                "lru_hit_rate": list(a.lru.hit_rates),
+                "lfu_hit_rate": list(a.lfu.hit_rates),
+            }
+            for name, a in stats.items()
+        },
+    }
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def load_stats(path: str | Path) -> dict[str, TableAccess]:
+    """Read stats.json; every problem is one line naming the file and the field."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"stats file {path} does not exist; write one with 'dlrm-scale profile CONFIG --out {path}'") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"stats file {path} is not valid JSON ({e}); re-run 'dlrm-scale profile'") from None
+    if not isinstance(doc, dict) or doc.get("schema") != STATS_SCHEMA or not isinstance(doc.get("tables"), dict):
+        raise ConfigError(f"stats file {path}: not a {STATS_SCHEMA} document; re-run 'dlrm-scale profile'")
+    out = {}
+    for name, t in doc["tables"].items():
+        try:
+            fractions = tuple(float(x) for x in t["cache_fractions"])
+            out[name] = TableAccess(
+                name=name,
+                batch_size=int(t["batch_size"]),
+                pooling_factor=float(t["pooling_factor"]),
+                distinct_ids=int(t["distinct_ids"]),
+                unique_ids_per_batch=float(t["unique_ids_per_batch"]),
+                lru=HitRateCurve(fractions, tuple(float(x) for x in t["lru_hit_rate"])),
+                lfu=HitRateCurve(fractions, tuple(float(x) for x in t["lfu_hit_rate"])),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"stats file {path}: table '{name}' has a missing or malformed field ({e}); re-run 'dlrm-scale profile'") from None
+        except ConfigError as e:
+            raise ConfigError(f"stats file {path}: table '{name}': {e}") from None
+    return out
