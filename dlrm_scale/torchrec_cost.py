@@ -20,6 +20,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.planner.types import Shard as TRShard
 from torchrec.distributed.planner.types import ShardingOption as TRShardingOption
 from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -77,7 +78,8 @@ class TorchRecEstimates:
         self.perf = EmbeddingPerfEstimator(topology=self.topology, constraints=self.constraints)
         self.storage = EmbeddingStorageEstimator(topology=self.topology, constraints=self.constraints)
 
-    def option(self, table: TableSpec, sharding_type: str, compute_kernel: str, blocks: Sequence[tuple[int, int, int, int, int | None]]) -> TRShardingOption:
+    def option(self, table: TableSpec, sharding_type: str, compute_kernel: str, blocks: Sequence[tuple[int, int, int, int, int | None]],
+               cache_load_factor: float | None = None) -> TRShardingOption:
         """A TorchRec ShardingOption; blocks are (row_offset, col_offset, rows, cols, rank)."""
         return TRShardingOption(
             name=table.name,
@@ -90,6 +92,7 @@ class TorchRecEstimates:
             compute_kernel=compute_kernel,
             shards=[TRShard(size=[r, c], offset=[ro, co], rank=rank) for ro, co, r, c, rank in blocks],
             is_pooled=True,
+            cache_params=CacheParams(load_factor=cache_load_factor) if cache_load_factor is not None else None,
         )
 
     def estimate(self, options: list[TRShardingOption]) -> None:
@@ -119,6 +122,7 @@ class TorchRecCostModel:
             self.estimates.option(
                 req.table, req.sharding_type.value, req.compute_kernel,
                 [(g.row_offset, g.col_offset, g.rows, g.cols, None) for g in req.geometries],
+                req.cache_fraction if req.cached else None,
             )
             for req in requests
         ]
@@ -126,7 +130,8 @@ class TorchRecCostModel:
         out = []
         for req, tro in zip(requests, tr_options):
             shards = tuple(ShardCost(_perf(s.perf), _storage(s.storage)) for s in tro.shards)
-            out.append(ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries, shards))
+            out.append(ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries, shards,
+                                      req.cache_fraction))
         return out
 
 

@@ -107,25 +107,44 @@ def lru_positions(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
     return (np.concatenate(positions) if positions else np.zeros(0)), scored
 
 
-def lfu_hits(batches: Sequence[np.ndarray], cache_rows: Sequence[int]) -> list[float]:
-    """Hit rate of an ideal LFU cache (it holds the most frequently requested rows of the
-    sample) over the scored half; a row's first request is always a miss."""
+def lfu_ranks(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
+    """LFU rank of every row request of the scored (second) half of the trace.
+
+    An LFU cache of C rows holds the C rows requested most often so far (by batches before
+    this one); ties, which are many among rarely requested rows, are broken by recency, the
+    most recent kept. A request's rank: rows with a higher count, plus its place among rows
+    of equal count by the batch they were last requested in. Rows never requested get +inf.
+    Counts are small integers, so a histogram over (count, last batch) gives ranks in
+    O(T^2 + N) for T batches.
+    """
     uniques = [np.unique(b) for b in batches]
-    ids, inverse, counts = np.unique(np.concatenate(uniques), return_inverse=True, return_counts=True)
-    rank = np.empty(len(ids), dtype=np.int64)
-    rank[np.argsort(-counts, kind="stable")] = np.arange(len(ids))
-    scored_from = len(batches) // 2
-    offset = sum(len(u) for u in uniques[:scored_from])
-    first_seen = np.zeros(len(ids), dtype=bool)
-    np.logical_or.at(first_seen, inverse[:offset], True)
-    scored = inverse[offset:]
-    # a request is not a first request if the row was seen in the warm-up or earlier in the scored half
-    order = np.arange(len(scored))
-    first_in_scored = np.full(len(ids), len(scored))
-    np.minimum.at(first_in_scored, scored, order)
-    repeat = first_seen[scored] | (order > first_in_scored[scored])
-    r = rank[scored]
-    return [float(np.mean(repeat & (r < c))) if len(scored) else 0.0 for c in cache_rows]
+    _, inverse = np.unique(np.concatenate(uniques), return_inverse=True)
+    n_rows = int(inverse.max()) + 1 if len(inverse) else 0
+    count = np.zeros(n_rows, dtype=np.int64)
+    last = np.full(n_rows, -1, dtype=np.int64)
+    T = len(batches)
+    hist = np.zeros((T + 1, T), dtype=np.int64)  # rows with count c last requested in batch t
+    scored_from = T // 2
+    ranks, scored, start = [], 0, 0
+    for t, u in enumerate(uniques):
+        rows = inverse[start:start + len(u)]
+        start += len(u)
+        c, l = count[rows], last[rows]
+        seen = c > 0
+        if t >= scored_from:
+            per_count = hist[:t + 1, :t].sum(axis=1)
+            higher = np.concatenate([np.cumsum(per_count[::-1])[::-1][1:], [0]])  # rows with count > c
+            newer = np.cumsum(hist[:t + 1, :t][:, ::-1], axis=1)[:, ::-1]  # same count, last >= l
+            rank = np.full(len(rows), np.inf)
+            cs, ls = c[seen], l[seen]
+            rank[seen] = higher[cs] + newer[cs, ls]
+            ranks.append(rank)
+            scored += len(rows)
+        np.subtract.at(hist, (c[seen], l[seen]), 1)
+        count[rows] += 1
+        last[rows] = t
+        np.add.at(hist, (count[rows], np.full(len(rows), t)), 1)
+    return (np.concatenate(ranks) if ranks else np.zeros(0)), scored
 
 
 def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_size: int,
@@ -136,7 +155,8 @@ def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_
     sizes = [max(1, math.ceil(f * num_rows)) for f in fractions]
     positions, scored = lru_positions(batches)
     lru = [float(np.sum(positions <= c)) / scored if scored else 0.0 for c in sizes]
-    lfu = lfu_hits(batches, sizes)
+    ranks, scored = lfu_ranks(batches)
+    lfu = [float(np.sum(ranks <= c)) / scored if scored else 0.0 for c in sizes]
     all_ids = np.concatenate(batches)
     return TableAccess(
         name=name,

@@ -1,0 +1,180 @@
+"""Which rows of a shard sit in its cache, and where: a set-associative index, LRU or LFU.
+
+The index holds no data. For a batch's distinct ids it decides which are hits, which slot
+each miss takes and which cached row that slot's old occupant was (to be written back).
+Rows a batch uses are locked for that batch: they are never chosen as victims. A set with
+more of the batch's rows than ways sends the rest to an overflow region that is emptied at
+the next batch (`take_overflow`), so a batch never fails for an unlucky hash.
+
+Everything is vectorised over the batch (torch ops, no Python loop per id), as FBGEMM's
+`lxu_cache` kernels are on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+POLICIES = ("lru", "lfu")
+EMPTY = -1
+_HASH = 0x9E3779B97F4A7C15 - 2**64  # Fibonacci hashing spreads consecutive (hot) ids over sets
+
+
+class CacheTooSmallError(RuntimeError):
+    """A batch needs more distinct rows than the cache and its overflow region hold."""
+
+
+@dataclass
+class Assignment:
+    """What one batch does to the cache. Slots index the cache's rows, 0..capacity-1."""
+
+    slots: torch.Tensor  # slot of each requested id, in the order given
+    load_ids: torch.Tensor  # misses: read these rows from the backing store ...
+    load_slots: torch.Tensor  # ... into these slots
+    evict_ids: torch.Tensor  # rows pushed out of the cache: write them back if dirty ...
+    evict_slots: torch.Tensor  # ... from these slots (before the loads overwrite them)
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    overflow: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "overflow": self.overflow}
+
+
+def split_capacity(cache_rows: int, ways: int) -> tuple[int, int, int]:
+    """(sets, ways, overflow rows) for a cache of `cache_rows`: about 1/32 of it (at least one
+    set's worth when there is room) serves overflow, the rest is whole sets."""
+    if cache_rows < 2:
+        raise ValueError(f"a row cache needs at least 2 rows, got {cache_rows}")
+    ways = max(1, min(ways, cache_rows // 2))
+    overflow = max(ways, cache_rows // 32)
+    sets = max(1, (cache_rows - overflow) // ways)
+    return sets, ways, cache_rows - sets * ways
+
+
+class SetAssociativeCache:
+    def __init__(self, cache_rows: int, num_rows: int, ways: int = 32, policy: str = "lru") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"cache policy {policy!r} is not one of {POLICIES}")
+        self.sets, self.ways, self.overflow_rows = split_capacity(cache_rows, ways)
+        self.capacity = cache_rows
+        self.policy = policy
+        self.tags = torch.full((self.sets, self.ways), EMPTY, dtype=torch.int64)
+        self.last_used = torch.zeros((self.sets, self.ways), dtype=torch.int64)
+        # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does)
+        self.frequency = torch.zeros(num_rows, dtype=torch.int32) if policy == "lfu" else None
+        self.overflow_ids = torch.empty(0, dtype=torch.int64)
+        self.clock = 0
+        self.counters = CacheCounters()
+
+    def set_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return ((ids * _HASH) >> 20).remainder(self.sets)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slot of each id, or -1 if not cached (overflow rows count as cached). Read-only."""
+        sets = self.set_of(ids)
+        match = self.tags[sets] == ids[:, None]
+        slots = torch.where(match.any(1), sets * self.ways + match.to(torch.int8).argmax(1), torch.full_like(ids, EMPTY))
+        if len(self.overflow_ids):
+            in_overflow = torch.isin(ids, self.overflow_ids)
+            if in_overflow.any():
+                pos = torch.searchsorted(self.overflow_ids, ids[in_overflow])
+                slots[in_overflow] = self.sets * self.ways + pos
+        return slots
+
+    def take_overflow(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The previous batch's overflow rows and their slots, now leaving the cache."""
+        ids = self.overflow_ids
+        self.overflow_ids = torch.empty(0, dtype=torch.int64)
+        return ids, self.sets * self.ways + torch.arange(len(ids))
+
+    def assign(self, ids: torch.Tensor) -> Assignment:
+        """Make the distinct `ids` (sorted, as torch.unique gives them) resident; call
+        take_overflow() first. Returns where each lives and what moves."""
+        self.clock += 1
+        W = self.ways
+        sets = self.set_of(ids)
+        match = self.tags[sets] == ids[:, None]
+        hit = match.any(1)
+        hit_way = match.to(torch.int8).argmax(1)
+        slots = sets * W + hit_way
+        self.last_used[sets[hit], hit_way[hit]] = self.clock
+        if self.frequency is not None:
+            self.frequency[ids] += 1
+
+        miss = ~hit
+        miss_ids, miss_sets = ids[miss], sets[miss]
+        n_miss = len(miss_ids)
+        self.counters.hits += int(hit.sum())
+        self.counters.misses += n_miss
+        empty = torch.empty(0, dtype=torch.int64)
+        if n_miss == 0:
+            return Assignment(slots, empty, empty, empty, empty)
+
+        # Victims per touched set: ways in eviction order, locked (hit this batch) ones last.
+        touched, miss_group = torch.unique(miss_sets, return_inverse=True)
+        tags = self.tags[touched]
+        if self.frequency is not None:
+            freq = torch.where(tags >= 0, self.frequency[tags.clamp(min=0)].to(torch.int64), torch.full_like(tags, -1))
+            priority = (freq << 32) + self.last_used[touched]
+        else:
+            priority = self.last_used[touched].clone()
+        priority[tags == EMPTY] = -1
+        locked = self.last_used[touched] == self.clock
+        priority[locked] = torch.iinfo(torch.int64).max
+        order = torch.argsort(priority, dim=1, stable=True)
+        available = W - locked.sum(1)
+
+        # k-th miss of a set takes the set's k-th victim
+        by_set = torch.argsort(miss_group, stable=True)
+        grouped = miss_group[by_set]
+        starts = torch.searchsorted(grouped, grouped, right=False)
+        rank = torch.empty_like(by_set)
+        rank[by_set] = torch.arange(n_miss) - starts
+        fits = rank < available[miss_group]
+
+        way = order[miss_group[fits], rank[fits]]
+        victim_sets = touched[miss_group[fits]]
+        old = self.tags[victim_sets, way]
+        placed_ids = miss_ids[fits]
+        self.tags[victim_sets, way] = placed_ids
+        self.last_used[victim_sets, way] = self.clock
+        placed_slots = victim_sets * W + way
+        miss_slots = torch.empty(n_miss, dtype=torch.int64)
+        miss_slots[fits] = placed_slots
+
+        spill = miss_ids[~fits]
+        if len(spill) > self.overflow_rows:
+            raise CacheTooSmallError(
+                f"a batch needs {len(ids)} distinct rows but the cache holds {self.capacity}; raise the cache load factor"
+            )
+        self.overflow_ids = spill  # sorted, since ids are
+        miss_slots[~fits] = self.sets * W + torch.arange(len(spill))
+        self.counters.overflow += len(spill)
+        slots[miss] = miss_slots
+
+        evicted = old >= 0
+        self.counters.evictions += int(evicted.sum())
+        return Assignment(slots, miss_ids, miss_slots, old[evicted], placed_slots[evicted])
+
+    def cached_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every cached row and its slot (overflow included)."""
+        flat = self.tags.reshape(-1)
+        present = flat >= 0
+        slots = torch.arange(len(flat))[present]
+        ids, over_slots = self.overflow_ids, self.sets * self.ways + torch.arange(len(self.overflow_ids))
+        return torch.cat([flat[present], ids]), torch.cat([slots, over_slots])
+
+    def clear(self) -> None:
+        """Forget every row (after the backing store was replaced, e.g. by a checkpoint)."""
+        self.tags.fill_(EMPTY)
+        self.last_used.zero_()
+        self.overflow_ids = torch.empty(0, dtype=torch.int64)
+        if self.frequency is not None:
+            self.frequency.zero_()
