@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -75,9 +76,11 @@ def plan_digest(plan_dict: dict) -> str:
     return hashlib.sha256(json.dumps(plan_dict["tables"], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: dict, keep: int) -> Path:
-    """Write a checkpoint of `step` atomically: all ranks write into a temporary directory,
-    rank 0 marks it complete and renames it into place, then prunes to the newest `keep`."""
+def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: dict, keep: int,
+         write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write a checkpoint of `step` atomically: all ranks write into a temporary directory
+    (DCP state, RNG, and whatever `write_extra` adds, e.g. cached tables' stores), rank 0
+    marks it complete and renames it into place, then prunes to the newest `keep`."""
     rank = dist.get_rank()
     tmp = directory / f".{PREFIX}{step:09d}.tmp"
     final = step_dir(directory, step)
@@ -89,6 +92,8 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
     dist.barrier()
     dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
     torch.save({"torch_rng": torch.get_rng_state()}, tmp / f"rank{rank}.pt")
+    if write_extra is not None:
+        write_extra(tmp)
     dist.barrier()
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": dist.get_world_size()}))

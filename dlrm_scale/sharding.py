@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
-from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from planner.plan import Plan, PlannedShard, TablePlan
+from planner.cost_model import cache_rows
+from planner.plan import CACHED_KERNELS, Plan, PlannedShard, TablePlan
+
+DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 
 
 def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
+    """TorchRec's sharding of one table. Cached tables keep their kernel (FBGEMM's UVM cache or
+    SSD key-value store, CUDA-only) with the plan's load factor; on CPU shard
+    tiering.resident_plan(plan) instead."""
     ranks = table.ranks
     if table.sharding_type == "data_parallel":
         return ParameterSharding(sharding_type="data_parallel", compute_kernel=table.compute_kernel, ranks=ranks)
@@ -22,8 +28,10 @@ def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
             for s in table.shards
         ]
     )
+    cache = CacheParams(load_factor=table.cache_load_factor) if table.cached else None
     return ParameterSharding(
-        sharding_type=table.sharding_type, compute_kernel=table.compute_kernel, ranks=ranks, sharding_spec=spec
+        sharding_type=table.sharding_type, compute_kernel=table.compute_kernel, ranks=ranks, sharding_spec=spec,
+        cache_params=cache,
     )
 
 
@@ -58,11 +66,16 @@ def from_sharding_plan(
         if ps.sharding_spec is None:
             shards = [PlannedShard(r, 0, 0, rows, cols, tier) for r in ps.ranks]
         else:
+            load_factor = ps.cache_params.load_factor if ps.cache_params is not None else None
+            cached = ps.compute_kernel in CACHED_KERNELS
+            if cached and load_factor is None:
+                load_factor = DEFAULT_CACHE_LOAD_FACTOR
             shards = [
                 PlannedShard(
-                    m.placement.rank(), m.shard_offsets[0], m.shard_offsets[1], m.shard_sizes[0], m.shard_sizes[1], tier
+                    m.placement.rank(), m.shard_offsets[0], m.shard_offsets[1], m.shard_sizes[0], m.shard_sizes[1], tier,
+                    cache_rows(m.shard_sizes[0], load_factor) if cached else 0,
                 )
                 for m in ps.sharding_spec.shards
             ]
-        tables[name] = TablePlan(ps.sharding_type, ps.compute_kernel, rows, cols, tuple(shards))
+        tables[name] = TablePlan(ps.sharding_type, ps.compute_kernel, rows, cols, tuple(shards), load_factor if ps.compute_kernel in CACHED_KERNELS else None)
     return Plan(world_size=world_size, ranks_per_node=ranks_per_node, tables=tables, ranks=(), max_rank_ms=0.0, lower_bound_ms=0.0)

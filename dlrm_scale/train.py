@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dlrm_scale.checkpoint import CheckpointConfig
 from dlrm_scale.model import ModelConfig
+from dlrm_scale.tiering import check_store_directory, resident_plan
 from planner.config import load_problem, read_yaml, section_dataclass
 from planner.errors import ConfigError, PlanFormatError, PlannerError
 from planner.plan import Plan
@@ -50,6 +51,7 @@ class TrainConfig:
     seed: int = 0
     pipeline: bool = True
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
+    store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
@@ -139,13 +141,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument("--resume", action="store_true", help="go on from the newest complete checkpoint in --checkpoint-dir")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels; log every step's exact loss")
+    p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
     return p.parse_args(argv)
 
 
 def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> TrainConfig:
     config = section_dataclass(doc, "train", TrainConfig, "config", batch_size=batch_size)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed),
-                                   ("eval_every", args.eval_every)) if v is not None}
+                                   ("eval_every", args.eval_every), ("store_dir", args.store_dir)) if v is not None}
     if args.no_pipeline:
         overrides["pipeline"] = False
     if args.deterministic:
@@ -200,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
         plan = obtain_plan(args.plan, args.planner, problem, rank, world)
         check_precision_supported(plan, problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
+        if device.type == "cpu":
+            resident_plan(plan)  # a cached table that cannot be cached on CPU is one line, here
+            check_store_directory(plan, [rank], Path(train_config.store_dir) if train_config.store_dir else None,
+                                  problem.training.embedding_optimizer)
         out_dir = Path(args.out_dir)
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from dlrm_scale.data import SyntheticData
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
+from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
 from planner.comm_volume import embedding_comm_bytes
 from planner.errors import PlannerError
 from planner.plan import Plan
@@ -53,7 +54,12 @@ def sharder_for(fwd: str, bwd: str) -> WideEmbeddingBagCollectionSharder:
 
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device):
-    model = build_model(problem.tables, model_config, device)
+    """DMP over `plan`. On CPU, cached tables are sharded as their resident caches (see
+    dlrm_scale.tiering); on CUDA they keep FBGEMM's caching kernels."""
+    tables = problem.tables
+    if device.type == "cpu":
+        tables, plan = resident_tables(tables, plan), resident_plan(plan)
+    model = build_model(tables, model_config, device)
     optimizer_cls = embedding_optimizer(problem.training.embedding_optimizer)
     apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), {"lr": lr})
     tr = problem.training
@@ -76,6 +82,10 @@ class Trainer:
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
         self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device)
+        self.tiered = None
+        if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
+            runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed)
+            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(self.model.named_parameters())),
@@ -128,6 +138,8 @@ class Trainer:
             return 0
         step, path = found[-1]
         meta = ckpt.load(path, self.model, self.optimizer)
+        if self.tiered is not None:
+            self.tiered.load(path)
         if self.rank == 0:
             print(f"resumed from {path} (step {meta['step']})", flush=True)
         return int(meta["step"])
@@ -144,7 +156,8 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> None:
         meta = {"plan_digest": ckpt.plan_digest(self.plan.to_dict()), "seed": self.config.seed}
-        path = ckpt.save(self.checkpoint.directory, step, self.model, self.optimizer, meta, self.checkpoint.keep)
+        path = ckpt.save(self.checkpoint.directory, step, self.model, self.optimizer, meta, self.checkpoint.keep,
+                         self.tiered.save if self.tiered is not None else None)
         self.log({"step": step, "checkpoint": str(path)})
 
     def _run(self, start_step: int) -> None:
@@ -152,7 +165,11 @@ class Trainer:
         self.model.train()
         batches = self.data.batches(start_step, cfg.steps - start_step)
         bad_step = NO_BAD_STEP
-        pipeline = TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.pipeline else None
+        pipeline = None
+        if cfg.pipeline:
+            pipeline = (PrefetchingPipeline(self.model, self.optimizer, self.device, self.tiered) if self.tiered is not None
+                        else TrainPipelineSparseDist(self.model, self.optimizer, self.device))
+        cache_before = self.tiered.counters() if self.tiered is not None else {}
         window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
         # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
         progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
@@ -195,6 +212,14 @@ class Trainer:
                     "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
                     "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
                 })
+                if self.tiered is not None:  # every rank's caches, summed over the window
+                    now = self.tiered.counters()
+                    summed = torch.tensor([now[k] - cache_before[k] for k in now], dtype=torch.int64)
+                    dist.all_reduce(summed)
+                    window = dict(zip(now, summed.tolist()))
+                    requests = window["cache_hits"] + window["cache_misses"]
+                    self.log({"step": step + 1, **window, "cache_hit_rate": window["cache_hits"] / requests if requests else 1.0})
+                    cache_before = now
                 progress.set_postfix(loss=f"{loss_mean:.4f}", samples_per_s=f"{samples_per_s:,.0f}")
                 if self.rank == 0:
                     tqdm.write(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s")
@@ -211,6 +236,8 @@ class Trainer:
                     pipeline.attach()
                 window_start = time.perf_counter()
         progress.close()
+        if self.tiered is not None:
+            self.tiered.flush()
         if self.metrics:
             self.metrics.close()
             self.tensorboard.close()

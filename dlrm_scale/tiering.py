@@ -1,0 +1,393 @@
+"""Cached tables on CPU: rows in DDR or on SSD behind a row cache, inside TorchRec's sharded model.
+
+FBGEMM's caching kernels (`fused_uvm_caching`, `key_value`) are CUDA-only, so on CPU a cached
+table is trained like this:
+- TorchRec shards a *resident* table of the plan's cache rows (`resident_plan`), computed
+  with the ordinary fused TBE kernel and its fused optimizer;
+- the logical rows and their optimizer state live in a `RowStore` (a host tensor or a
+  memory-mapped file), one per shard this rank holds;
+- a forward pre-hook on the TBE maps each batch's ids to cache slots (`TieredShard.install`),
+  first writing evicted dirty rows back and loading missed ones, so the TBE and its fused
+  optimizer only ever see resident slots;
+- with the pipeline, the next batch's missed rows are read in a background thread while the
+  current batch trains (`PrefetchingPipeline`).
+TorchRec routes ids to shards before the hook sees them, so ids are never rewritten across
+ranks; row-wise schemes, which bucketize ids by the rows TorchRec holds, cannot be cached here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import NoWait
+
+from dlrm_scale.row_cache import SetAssociativeCache
+from dlrm_scale.row_store import RowStore
+from planner.cost_model import optimizer_state_bytes
+from planner.errors import ConfigError
+from planner.plan import Plan, PlannedShard, TablePlan
+from planner.specs import TableSpec
+
+CACHE_WAYS = 32  # as FBGEMM's set-associative caches
+CPU_CACHEABLE = ("table_wise", "column_wise", "table_column_wise")
+FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)
+
+
+# ---- the resident layout TorchRec shards ----------------------------------------------------
+def resident_plan(plan: Plan) -> Plan:
+    """The plan TorchRec shards on CPU: every cached table reduced to its cache rows, computed
+    by the fused kernel. Raises ConfigError for a cached table that cannot be cached on CPU."""
+    tables = {}
+    for name, t in plan.tables.items():
+        if not t.cached:
+            tables[name] = t
+            continue
+        if t.sharding_type not in CPU_CACHEABLE:
+            raise ConfigError(
+                f"table '{name}' is {t.sharding_type} with {t.compute_kernel}: on CPU only "
+                f"{', '.join(CPU_CACHEABLE)} tables can be cached; re-plan with --device cpu"
+            )
+        rows = {s.cache_rows for s in t.shards}
+        if len(rows) != 1:
+            raise ConfigError(f"table '{name}': its shards have different cache_rows {sorted(rows)}; give them one size")
+        cache = rows.pop()
+        shards = tuple(replace(s, rows=cache, tier="ddr", cache_rows=0) for s in t.shards)
+        tables[name] = TablePlan(t.sharding_type, "fused", cache, t.embedding_dim, shards)
+    return replace(plan, tables=tables)
+
+
+def resident_tables(tables: list[TableSpec] | tuple[TableSpec, ...], plan: Plan) -> list[TableSpec]:
+    """The model's tables as TorchRec builds them under `resident_plan(plan)`."""
+    out = []
+    for t in tables:
+        tp = plan.tables.get(t.name)
+        out.append(replace(t, num_embeddings=tp.shards[0].cache_rows) if tp is not None and tp.cached else t)
+    return out
+
+
+def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:
+    return directory / f"{table}.rows{shard.row_offset}.cols{shard.col_offset}.rank{shard.rank}.f32"
+
+
+def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str) -> None:
+    """Before training: the SSD directory exists, is writable and has room for the shards of
+    `ranks` kept there. One line naming the directory and the fix otherwise."""
+    needed = sum(
+        s.rows * s.cols * 4 + optimizer_state_bytes(s.rows, s.cols, optimizer)
+        for t in plan.tables.values() if t.cached for s in t.shards if s.tier == "ssd" and s.rank in ranks
+    )
+    if needed == 0:
+        return
+    if directory is None:
+        raise ConfigError(f"the plan keeps {needed:,} bytes of rows on SSD but no store directory is set; pass --store-dir DIR")
+    if not directory.is_dir():
+        raise ConfigError(f"store directory {directory} does not exist; create it or pass another --store-dir")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"store directory {directory} is not writable; fix its permissions or pass another --store-dir")
+    free = shutil.disk_usage(directory).free
+    if free < needed * FREE_DISK_MARGIN:
+        raise ConfigError(
+            f"store directory {directory} has {free:,} bytes free but the plan's SSD rows need {int(needed * FREE_DISK_MARGIN):,}; "
+            f"free space or pass another --store-dir"
+        )
+
+
+# ---- one cached shard -----------------------------------------------------------------------
+@dataclass
+class ShardCounters:
+    loaded_rows: int = 0
+    prefetched_rows: int = 0  # of the loaded rows, those read ahead in the background
+    written_back_rows: int = 0
+
+
+class TieredShard:
+    """The cache slots of one shard in the TBE (weights and optimizer-state views) and the
+    store behind them."""
+
+    def __init__(self, name: str, weights: torch.Tensor, states: list[torch.Tensor], store: RowStore,
+                 cache: SetAssociativeCache, reader: ThreadPoolExecutor) -> None:
+        self.name = name
+        self.weights, self.states = weights, states
+        self.store, self.cache = store, cache
+        self.dirty = torch.zeros(weights.shape[0], dtype=torch.bool)
+        self.counters = ShardCounters()
+        self._reader = reader
+        self._staged: tuple[torch.Tensor, Future] | None = None
+
+    # records: weights then each optimizer state, flattened per row
+    def _gather(self, slots: torch.Tensor) -> torch.Tensor:
+        parts = [self.weights.index_select(0, slots)]
+        parts += [s.index_select(0, slots).reshape(len(slots), -1) for s in self.states]
+        return torch.cat(parts, dim=1)
+
+    def _scatter(self, slots: torch.Tensor, records: torch.Tensor) -> None:
+        cols = self.weights.shape[1]
+        self.weights.index_copy_(0, slots, records[:, :cols])
+        at = cols
+        for s in self.states:
+            width = s[0].numel()
+            s.index_copy_(0, slots, records[:, at:at + width].reshape((len(slots), *s.shape[1:])))
+            at += width
+
+    def _write_back(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        dirty = self.dirty[slots]
+        if dirty.any():
+            self.store.write(ids[dirty], self._gather(slots[dirty]))
+            self.counters.written_back_rows += int(dirty.sum())
+            self.dirty[slots] = False
+            if self._staged is not None:  # a staged copy of a row written back would be stale
+                staged_ids, future = self._staged
+                keep = ~torch.isin(staged_ids, ids[dirty])
+                records = future.result()
+                self._staged = (staged_ids[keep], _done(records[keep]))
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Read, in the background, the rows of `ids` that are not cached now."""
+        uniq = torch.unique(ids)
+        missing = uniq[self.cache.lookup(uniq) < 0]
+        self._staged = (missing, self._reader.submit(self.store.read, missing)) if len(missing) else None
+
+    def install(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        """Make `ids` resident; returns the cache slot of each. Rows a training batch touches
+        are dirty (its fused optimizer will update them) and get written back on eviction."""
+        over_ids, over_slots = self.cache.take_overflow()
+        if len(over_ids):
+            self._write_back(over_ids, over_slots)
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        a = self.cache.assign(uniq)
+        if len(a.evict_ids):
+            self._write_back(a.evict_ids, a.evict_slots)
+        if len(a.load_ids):
+            self._scatter(a.load_slots, self._read(a.load_ids))
+            self.dirty[a.load_slots] = False
+            self.counters.loaded_rows += len(a.load_ids)
+        self._staged = None
+        self.store.release()
+        if training:
+            self.dirty[a.slots] = True
+        return a.slots[inverse]
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows from the prefetched batch where it has them, the rest from the store."""
+        if self._staged is None:
+            return self.store.read(ids)
+        staged_ids, future = self._staged
+        records = future.result()
+        if len(staged_ids) == 0:
+            return self.store.read(ids)
+        pos = torch.searchsorted(staged_ids, ids).clamp(max=len(staged_ids) - 1)
+        found = staged_ids[pos] == ids
+        out = torch.empty(len(ids), self.store.width, dtype=records.dtype)
+        out[found] = records[pos[found]]
+        if (~found).any():
+            out[~found] = self.store.read(ids[~found])
+        self.counters.prefetched_rows += int(found.sum())
+        return out
+
+    def flush(self) -> None:
+        """Write every dirty cached row back, so the store alone holds the shard."""
+        ids, slots = self.cache.cached_ids()
+        if len(ids):
+            self._write_back(ids, slots)
+        self.store.flush()
+
+    def invalidate(self) -> None:
+        """Forget the cache (its rows are stale after the store was replaced)."""
+        self.cache.clear()
+        self.dirty.zero_()
+        self._staged = None
+
+    def rows(self) -> torch.Tensor:
+        """The shard's current weights (cache written back first)."""
+        self.flush()
+        return self.store.data[:, : self.weights.shape[1]].clone()
+
+    def optimizer_state(self) -> torch.Tensor:
+        self.flush()
+        return self.store.data[:, self.weights.shape[1]:].clone()
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+# ---- all cached shards of a rank ------------------------------------------------------------
+class _TBEGroup:
+    """The cached tables of one TBE, and the hook that maps their ids to cache slots."""
+
+    def __init__(self, tbe: torch.nn.Module, shards: dict[int, TieredShard]) -> None:
+        self.tbe, self.shards = tbe, shards
+        self.feature_table_map = list(tbe.feature_table_map)
+
+    def _segments(self, offsets: torch.Tensor, table: int) -> list[tuple[int, int]]:
+        features = len(self.feature_table_map)
+        batch = (len(offsets) - 1) // features
+        return [(int(offsets[f * batch]), int(offsets[(f + 1) * batch]))
+                for f, t in enumerate(self.feature_table_map) if t == table]
+
+    def remap(self, module, args, kwargs):
+        indices, offsets = kwargs["indices"], kwargs["offsets"]
+        new = indices.clone()
+        training = module.training and torch.is_grad_enabled()
+        for table, shard in self.shards.items():
+            segments = self._segments(offsets, table)
+            ids = torch.cat([indices[a:b] for a, b in segments]).long()
+            with torch.no_grad():  # moving rows in and out of the TBE's tensors is not part of the graph
+                slots = shard.install(ids, training).to(indices.dtype)
+            at = 0
+            for a, b in segments:
+                new[a:b] = slots[at:at + b - a]
+                at += b - a
+        kwargs["indices"] = new
+        return args, kwargs
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        for table, shard in self.shards.items():
+            shard.prefetch(torch.cat([indices[a:b] for a, b in self._segments(offsets, table)]).long())
+
+
+@dataclass(frozen=True)
+class TieringRuntime:
+    """Where SSD rows go and how the caches behave on this rank."""
+
+    store_dir: Path | None = None
+    policy: str = "lru"
+    ways: int = CACHE_WAYS
+    seed: int = 0
+
+
+class TieredEmbeddings:
+    """Attaches a store and a cache to every cached shard of a sharded model on this rank."""
+
+    def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime) -> None:
+        self.plan, self.rank, self.runtime = plan, rank, runtime
+        self.shards: dict[tuple[str, int], TieredShard] = {}  # (table, col_offset) -> shard
+        self._groups: dict[int, _TBEGroup] = {}
+        self._hooks = []
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="row-prefetch")
+        for module in embedding_kernels(model):
+            self._attach(module)
+        missing = [(n, s.col_offset) for n, t in plan.tables.items() if t.cached
+                   for s in t.shards if s.rank == rank and (n, s.col_offset) not in self.shards]
+        if missing:
+            raise ConfigError(f"cached table '{missing[0][0]}' has no fused kernel on rank {rank}; the model was not sharded with resident_plan()")
+
+    def _attach(self, module: BaseBatchedEmbeddingBag) -> None:
+        tbe = module.emb_module
+        weights = tbe.split_embedding_weights()
+        states = tbe.split_optimizer_states() if hasattr(tbe, "split_optimizer_states") else [[] for _ in weights]
+        shards = {}
+        for j, table in enumerate(module.config.embedding_tables):
+            tp = self.plan.tables.get(table.name)
+            if tp is None or not tp.cached:
+                continue
+            col = table.local_metadata.shard_offsets[1] if table.local_metadata is not None else 0
+            planned = next(s for s in tp.shards if s.rank == self.rank and s.col_offset == col)
+            table_states = list(states[j]) if j < len(states) else []
+            state_cols = sum(s[0].numel() for s in table_states)
+            path = store_file(self.runtime.store_dir, table.name, planned) if planned.tier == "ssd" else None
+            store = RowStore(tp.num_embeddings, planned.cols, state_cols, path)
+            gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
+            store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
+            cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
+            shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
+            shards[j] = self.shards[(table.name, col)] = shard
+        if shards:
+            group = _TBEGroup(tbe, shards)
+            self._groups[id(module)] = group
+            self._hooks.append(tbe.register_forward_pre_hook(group.remap, with_kwargs=True))
+
+    def prefetch(self, sharded_module: torch.nn.Module, dist_input) -> None:
+        """Start reading the rows the next batch's local ids (after input distribution) miss.
+
+        Splits each sharding type's ids over its TBEs the way TorchRec's own prefetch does
+        (GroupedPooledEmbeddingsLookup.prefetch, whose kernel check excludes our fused TBEs).
+        """
+        for lookup, features in zip(getattr(sharded_module, "_lookups", []), dist_input):
+            emb_modules = getattr(lookup, "_emb_modules", None)
+            if emb_modules is None:
+                continue
+            for emb_op, f in zip(emb_modules, features.split(lookup._feature_splits)):
+                group = self._groups.get(id(emb_op))
+                if group is not None:
+                    group.prefetch(f.values(), f.offsets())
+
+    def counters(self) -> dict[str, int]:
+        out = {"cache_hits": 0, "cache_misses": 0, "cache_evictions": 0, "cache_overflow": 0,
+               "rows_loaded": 0, "rows_prefetched": 0, "rows_written_back": 0}
+        for s in self.shards.values():
+            c = s.cache.counters
+            out["cache_hits"] += c.hits
+            out["cache_misses"] += c.misses
+            out["cache_evictions"] += c.evictions
+            out["cache_overflow"] += c.overflow
+            out["rows_loaded"] += s.counters.loaded_rows
+            out["rows_prefetched"] += s.counters.prefetched_rows
+            out["rows_written_back"] += s.counters.written_back_rows
+        return out
+
+    def flush(self) -> None:
+        for s in self.shards.values():
+            s.flush()
+
+    # checkpoints hold a copy of every store, taken after the caches are written back
+    def save(self, checkpoint_dir: Path) -> None:
+        self.flush()
+        for (name, col), s in self.shards.items():
+            s.store.save(checkpoint_dir / f"tiered.{name}.cols{col}.rank{self.rank}.f32")
+
+    def load(self, checkpoint_dir: Path) -> None:
+        for (name, col), s in self.shards.items():
+            path = checkpoint_dir / f"tiered.{name}.cols{col}.rank{self.rank}.f32"
+            if not path.exists():
+                raise ConfigError(f"checkpoint {checkpoint_dir} has no rows for cached table '{name}' (columns from {col}) on rank "
+                                  f"{self.rank}; resume with the plan and world size it was saved with")
+            s.invalidate()
+            s.store.load(path)
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._reader.shutdown(wait=True)
+        for s in self.shards.values():
+            s.store.close()
+
+
+def embedding_kernels(model: torch.nn.Module):
+    """TorchRec's TBE kernels in a sharded model. Sharded collections keep their lookups in a
+    plain list (`_lookups`), outside the module tree, so they are walked explicitly."""
+    for module in model.modules():
+        for lookup in getattr(module, "_lookups", None) or []:
+            for kernel in lookup.modules():
+                if isinstance(kernel, BaseBatchedEmbeddingBag):
+                    yield kernel
+
+
+class PrefetchingPipeline(TrainPipelineSparseDist):
+    """TorchRec's sparse-dist pipeline, plus: once the next batch's ids have reached this
+    rank, their missed rows are read in the background while the current batch trains."""
+
+    def __init__(self, model, optimizer, device, tiered: TieredEmbeddings) -> None:
+        super().__init__(model, optimizer, device)
+        self._tiered = tiered
+
+    def wait_sparse_data_dist(self, context) -> None:
+        super().wait_sparse_data_dist(context)
+        for module in self._pipelined_modules:
+            name = module.forward._name
+            request = context.input_dist_tensors_requests.get(name)
+            if request is None:
+                continue
+            dist_input = request.wait()
+            context.input_dist_tensors_requests[name] = NoWait(dist_input)
+            self._tiered.prefetch(module, dist_input)
