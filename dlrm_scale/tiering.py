@@ -29,7 +29,7 @@ from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBa
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import NoWait
 
-from dlrm_scale.row_cache import SetAssociativeCache
+from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.row_store import RowStore
 from planner.cost_model import optimizer_state_bytes
 from planner.errors import ConfigError
@@ -162,7 +162,10 @@ class TieredShard:
         if len(over_ids):
             self._write_back(over_ids, over_slots)
         uniq, inverse = torch.unique(ids, return_inverse=True)
-        a = self.cache.assign(uniq)
+        try:
+            a = self.cache.assign(uniq)
+        except CacheTooSmallError as e:
+            raise ConfigError(f"cached table '{self.name}': {e} (in its plan)") from None
         if len(a.evict_ids):
             self._write_back(a.evict_ids, a.evict_slots)
         if len(a.load_ids):

@@ -32,6 +32,10 @@ def compute_kernel_for(sharding_type: ShardingType) -> str:
     return "dense" if sharding_type is ShardingType.DATA_PARALLEL else "fused"
 
 
+ROW_SCHEMES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+MIN_CACHE_BATCHES = 2  # smaller caches evict rows the same batch needs (and overflow)
+
+
 def cached_kernel_for(tier: str) -> str:
     """TorchRec's kernel names: rows in host DDR behind an HBM cache, or in a key-value store."""
     return "fused_uvm_caching" if tier == "ddr" else "key_value"
@@ -64,9 +68,12 @@ def option_requests(
     int8_comms: bool = False,
     access: TableAccess | None = None,
     tiering: TieringSpec | None = None,
+    batch_size_per_rank: int = 0,
 ) -> list[OptionRequest]:
     """Every scheme and shard count with all rows in the device tier; and, given `access`
-    and `tiering`, each cacheable one again per backing tier and cache load factor."""
+    and `tiering`, each cacheable one again per backing tier and cache load factor, when the
+    cache holds MIN_CACHE_BATCHES steps' distinct rows."""
+    problem_batch = batch_size_per_rank * cluster.world_size
     requests = []
     for sharding_type in ShardingType:
         for n in shard_counts(table, sharding_type, cluster, int8_comms):
@@ -75,8 +82,12 @@ def option_requests(
             if access is None or tiering is None or sharding_type not in CACHEABLE[cluster.device]:
                 continue
             curve = access.curve(tiering.policy)
+            # ids one shard sees per step; a cache must hold a step's distinct rows twice over
+            ids = problem_batch * table.pooling_factor / (n if sharding_type in ROW_SCHEMES else 1)
             for tier in cluster.backing_tiers:
                 for fraction in tiering.load_factors:
+                    if fraction * min(g.rows for g in geometries) < MIN_CACHE_BATCHES * ids * access.unique_ratio:
+                        continue
                     requests.append(OptionRequest(
                         table, sharding_type, cached_kernel_for(tier), tier, geometries,
                         cache_fraction=fraction, hit_rate=curve.at(fraction), unique_ratio=access.unique_ratio,
@@ -109,7 +120,7 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
         representative.setdefault(_signature(table, accesses[table.name]), table)
     requests, owners = [], []
     for sig, table in representative.items():
-        for req in option_requests(table, cluster, int8, sig[-1], problem.tiering):
+        for req in option_requests(table, cluster, int8, sig[-1], problem.tiering, problem.training.batch_size_per_rank):
             requests.append(req)
             owners.append(sig)
     costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}
