@@ -47,6 +47,42 @@ def add_train_parser(sub) -> None:
     p.add_argument("--rdzv-id", default="dlrm-scale")
 
 
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="access statistics per table (pooling, distinct ids, LRU/LFU hit-rate curves)")
+    p.add_argument("config", help="YAML config (tables, cluster, training)")
+    p.add_argument("--data", choices=["synthetic", "criteo"], default="synthetic")
+    p.add_argument("--data-path", help="Criteo: a TSV file or folder, or TorchRec's preprocessed .npy folder")
+    p.add_argument("--batches", type=int, default=200, help="global steps to read (default 200; half warm the caches)")
+    p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--world-size", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="stats.json to write")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.profile import profile_access
+    from planner.access_stats import save_stats
+    from planner.config import read_yaml, section_dataclass
+
+    if args.data == "criteo" and not args.data_path:
+        raise ConfigError("profile: --data criteo needs --data-path")
+    cluster = {"world_size": args.world_size} if args.world_size else {}
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
+    problem = load_problem(args.config, None, None, cluster, training)
+    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
+    start = time.perf_counter()
+    stats = profile_access(problem, model.num_dense_features, args.batches,
+                           args.data_path if args.data == "criteo" else None, args.seed)
+    save_stats(stats, args.out, f"{args.data} data, {args.batches} steps of {problem.training.batch_size_per_rank * problem.cluster.world_size} samples")
+    print(f"{'table':<20} {'ids/sample':>10} {'distinct':>10} {'uniq/step':>10} {'LRU@10%':>8} {'LFU@10%':>8}")
+    for name, a in stats.items():
+        print(f"{name:<20} {a.pooling_factor:>10.2f} {a.distinct_ids:>10,} {a.unique_ids_per_batch:>10,.0f} "
+              f"{a.lru.at(0.1):>8.3f} {a.lfu.at(0.1):>8.3f}")
+    print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 def add_simulate_parser(sub) -> None:
     p = sub.add_parser("simulate", help="per-rank cost breakdown, step time and memory of a plan")
     p.add_argument("plan", help="plan JSON")
@@ -166,6 +202,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     trainer = argparse.ArgumentParser(add_help=False)
     trainer.add_argument("--config")
     trainer.add_argument("--plan")
+    trainer.add_argument("--store-dir")
     known, _ = trainer.parse_known_args(rest)
     if not known.config:
         raise ConfigError("train: give --config CONFIG.yaml")
@@ -173,9 +210,14 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     cluster = {"world_size": args.nproc_per_node * nodes, "ranks_per_node": args.nproc_per_node} if nodes else {}
     problem = load_problem(known.config, cluster_overrides=cluster)
     if known.plan and nodes:
+        from dlrm_scale.tiering import check_store_directory
         from dlrm_scale.train import check_plan_matches
 
-        check_plan_matches(Plan.load(known.plan), problem, args.nproc_per_node * nodes)
+        plan = Plan.load(known.plan)
+        check_plan_matches(plan, problem, args.nproc_per_node * nodes)
+        if nodes == 1:  # on one node this machine holds every rank's SSD rows
+            store = Path(known.store_dir) if known.store_dir else None
+            check_store_directory(plan, list(range(args.nproc_per_node)), store, problem.training.embedding_optimizer)
 
 
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:
@@ -195,13 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     add_train_parser(sub)
     add_calibrate_parser(sub)
     add_simulate_parser(sub)
+    add_profile_parser(sub)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
             return run_train(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate}[args.command](args)
+        return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate,
+                "profile": run_profile}[args.command](args)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

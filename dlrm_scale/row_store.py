@@ -55,7 +55,7 @@ class RowStore:
             block = torch.zeros(stop - start, self.width, dtype=RECORD_DTYPE)
             block[:, : self.cols].uniform_(-bound, bound, generator=generator)
             self.data[start:stop] = block
-        self.release()
+            self.release()  # a file larger than memory never becomes resident
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         return self.data.index_select(0, ids)
@@ -82,7 +82,7 @@ class RowStore:
                     f.write(self.data[start:start + INIT_CHUNK_ROWS].numpy().tobytes())
         else:
             self.flush()
-            shutil.copyfile(self.path, path)
+            shutil.copyfile(self.path, path)  # read(2)/write(2): the copy never maps into this process
 
     def load(self, path: Path) -> None:
         size = os.path.getsize(path)
@@ -93,7 +93,7 @@ class RowStore:
                 stop = min(self.num_rows, start + INIT_CHUNK_ROWS)
                 block = np.frombuffer(f.read((stop - start) * self.width * 4), dtype=np.float32)
                 self.data[start:stop] = torch.from_numpy(block.copy()).reshape(stop - start, self.width)
-        self.release()
+                self.release()
 
     def close(self) -> None:
         if self._mmap is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -45,4 +47,35 @@ def local_shard_blocks(model: torch.nn.Module) -> dict[str, list[tuple[int, int,
                 )
             else:
                 out[name] = [(0, 0, value.shape[0], value.shape[1])]
+    return out
+
+
+def local_shard_state(
+    model: torch.nn.Module, tiered=None, initial: Callable[[str], torch.Tensor] | None = None
+) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
+    """(weights, optimizer state) of every fused-kernel shard on this rank, by (table, first
+    column); cached shards (a dlrm_scale.tiering.TieredEmbeddings) are read from their stores.
+    With `initial` (table name -> whole table), each shard's weights are first set from it:
+    runs to be compared then start from the same tables. State is one row per table row."""
+    from dlrm_scale.tiering import embedding_kernels
+
+    out = {}
+    for (name, col), shard in (tiered.shards.items() if tiered is not None else []):
+        cols = shard.weights.shape[1]
+        if initial is not None:
+            shard.invalidate()
+            shard.store.data[:, :cols] = initial(name)[:, col:col + cols]
+        out[(name, col)] = (shard.rows(), shard.optimizer_state())
+    for kernel in embedding_kernels(model):
+        weights = kernel.emb_module.split_embedding_weights()
+        states = kernel.emb_module.split_optimizer_states()
+        for j, t in enumerate(kernel.config.embedding_tables):
+            col = t.local_metadata.shard_offsets[1]
+            if (t.name, col) in out:
+                continue
+            if initial is not None:
+                with torch.no_grad():
+                    weights[j].copy_(initial(t.name)[:, col:col + weights[j].shape[1]])
+            state = torch.cat([s.reshape(len(weights[j]), -1) for s in states[j]], 1) if states else torch.empty(0)
+            out[(t.name, col)] = (weights[j].detach().clone(), state.detach().clone())
     return out

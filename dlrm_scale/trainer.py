@@ -32,6 +32,17 @@ from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.specs import PlanningProblem
 
+def resident_bytes() -> tuple[int, int]:
+    """This process's resident memory and its anonymous part (the rest is mapped files), bytes."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0)
+
+
 class TrainingError(PlannerError):
     """Training cannot go on (a non-finite loss, say); the message says what is kept."""
 
@@ -202,6 +213,8 @@ class Trainer:
                 stats = torch.tensor([window_loss / window_n])
                 dist.all_reduce(stats)
                 loss_mean = float(stats[0]) / self.world
+                memory = torch.tensor(resident_bytes(), dtype=torch.int64)
+                dist.all_reduce(memory, op=dist.ReduceOp.MAX)
                 samples_per_s = window_n * cfg.batch_size * self.world / elapsed
                 emb_bytes, id_bytes = self.meter.reset()
                 self.log({
@@ -211,6 +224,8 @@ class Trainer:
                     # the plan's count (planner.comm_volume), at this precision and at fp32
                     "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
                     "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
+                    # the largest rank's resident memory now, and its anonymous part
+                    "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
                 })
                 if self.tiered is not None:  # every rank's caches, summed over the window
                     now = self.tiered.counters()

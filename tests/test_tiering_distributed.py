@@ -43,37 +43,9 @@ def initial_table(t: TableSpec) -> torch.Tensor:
     return (torch.rand(t.num_embeddings, t.embedding_dim, generator=g) - 0.5) * 0.2
 
 
-def local_tables(trainer, p: PlanningProblem, write: bool) -> dict:
-    """Every local shard's (weights, optimizer state) by (table, col_offset); with `write`,
-    first set its weights from initial_table. Cached shards go through their store."""
-    from dlrm_scale.tiering import embedding_kernels
-
-    out = {}
-    specs = p.tables_by_name
-    if trainer.tiered is not None:
-        for (name, col), shard in trainer.tiered.shards.items():
-            cols = shard.weights.shape[1]
-            if write:
-                shard.invalidate()
-                shard.store.data[:, :cols] = initial_table(specs[name])[:, col:col + cols]
-            out[(name, col)] = (shard.rows(), shard.optimizer_state())
-    for kernel in embedding_kernels(trainer.model):
-        weights = kernel.emb_module.split_embedding_weights()
-        states = kernel.emb_module.split_optimizer_states()
-        for j, t in enumerate(kernel.config.embedding_tables):
-            col = t.local_metadata.shard_offsets[1]
-            if (t.name, col) in out:
-                continue
-            if write:
-                with torch.no_grad():
-                    weights[j].copy_(initial_table(specs[t.name])[:, col:col + weights[j].shape[1]])
-            state = torch.cat([s.reshape(len(weights[j]), -1) for s in states[j]], 1) if states else torch.empty(0)
-            out[(t.name, col)] = (weights[j].detach().clone(), state.detach().clone())
-    return out
-
-
 def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_every, resume):
     from dlrm_scale.checkpoint import CheckpointConfig
+    from dlrm_scale.state import local_shard_state
     from dlrm_scale.train import TrainConfig
     from dlrm_scale.trainer import Trainer
 
@@ -87,9 +59,9 @@ def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_
     torch.manual_seed(0)
     trainer = Trainer(p, plan_for(p, tiered), _model_config(), cfg, torch.device("cpu"), rank, world, out,
                       checkpoint=checkpoint, resume=resume)
-    local_tables(trainer, p, write=True)
+    local_shard_state(trainer.model, trainer.tiered, lambda name: initial_table(p.tables_by_name[name]))
     trainer.run()
-    result = {"tables": local_tables(trainer, p, write=False)}
+    result = {"tables": local_shard_state(trainer.model, trainer.tiered)}
     if trainer.tiered is not None:
         result["counters"] = trainer.tiered.counters()
         trainer.tiered.close()
