@@ -7,7 +7,8 @@ more of the batch's rows than ways sends the rest to an overflow region that is 
 the next batch (`take_overflow`), so a batch never fails for an unlucky hash.
 
 Everything is vectorised over the batch (torch ops, no Python loop per id), as FBGEMM's
-`lxu_cache` kernels are on a GPU.
+`lxu_cache` kernels are on a GPU. Besides the tags, a dense row -> slot map (4 bytes per row
+of the shard) makes finding a row one gather instead of a compare across its set's ways.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class SetAssociativeCache:
         self.capacity = cache_rows
         self.policy = policy
         self.tags = torch.full((self.sets, self.ways), EMPTY, dtype=torch.int64)
+        self.slot_of = torch.full((num_rows,), EMPTY, dtype=torch.int32)
         self.last_used = torch.zeros((self.sets, self.ways), dtype=torch.int64)
         # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does)
         self.frequency = torch.zeros(num_rows, dtype=torch.int32) if policy == "lfu" else None
@@ -78,20 +80,13 @@ class SetAssociativeCache:
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each id, or -1 if not cached (overflow rows count as cached). Read-only."""
-        sets = self.set_of(ids)
-        match = self.tags[sets] == ids[:, None]
-        slots = torch.where(match.any(1), sets * self.ways + match.to(torch.int8).argmax(1), torch.full_like(ids, EMPTY))
-        if len(self.overflow_ids):
-            in_overflow = torch.isin(ids, self.overflow_ids)
-            if in_overflow.any():
-                pos = torch.searchsorted(self.overflow_ids, ids[in_overflow])
-                slots[in_overflow] = self.sets * self.ways + pos
-        return slots
+        return self.slot_of.index_select(0, ids).long()
 
     def take_overflow(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The previous batch's overflow rows and their slots, now leaving the cache."""
         ids = self.overflow_ids
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
+        self.slot_of[ids] = EMPTY
         return ids, self.sets * self.ways + torch.arange(len(ids))
 
     def assign(self, ids: torch.Tensor) -> Assignment:
@@ -99,17 +94,15 @@ class SetAssociativeCache:
         take_overflow() first. Returns where each lives and what moves."""
         self.clock += 1
         W = self.ways
-        sets = self.set_of(ids)
-        match = self.tags[sets] == ids[:, None]
-        hit = match.any(1)
-        hit_way = match.to(torch.int8).argmax(1)
-        slots = sets * W + hit_way
-        self.last_used[sets[hit], hit_way[hit]] = self.clock
+        slots = self.lookup(ids)
+        hit = slots >= 0
+        self.last_used.view(-1)[slots[hit]] = self.clock
         if self.frequency is not None:
             self.frequency[ids] += 1
 
         miss = ~hit
-        miss_ids, miss_sets = ids[miss], sets[miss]
+        miss_ids = ids[miss]
+        miss_sets = self.set_of(miss_ids)
         n_miss = len(miss_ids)
         self.counters.hits += int(hit.sum())
         self.counters.misses += n_miss
@@ -146,6 +139,8 @@ class SetAssociativeCache:
         self.tags[victim_sets, way] = placed_ids
         self.last_used[victim_sets, way] = self.clock
         placed_slots = victim_sets * W + way
+        self.slot_of[old[old >= 0]] = EMPTY
+        self.slot_of[placed_ids] = placed_slots.to(torch.int32)
         miss_slots = torch.empty(n_miss, dtype=torch.int64)
         miss_slots[fits] = placed_slots
 
@@ -156,6 +151,7 @@ class SetAssociativeCache:
             )
         self.overflow_ids = spill  # sorted, since ids are
         miss_slots[~fits] = self.sets * W + torch.arange(len(spill))
+        self.slot_of[spill] = miss_slots[~fits].to(torch.int32)
         self.counters.overflow += len(spill)
         slots[miss] = miss_slots
 
@@ -174,6 +170,7 @@ class SetAssociativeCache:
     def clear(self) -> None:
         """Forget every row (after the backing store was replaced, e.g. by a checkpoint)."""
         self.tags.fill_(EMPTY)
+        self.slot_of.fill_(EMPTY)
         self.last_used.zero_()
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
         if self.frequency is not None:

@@ -1,16 +1,22 @@
-"""Where a cached shard's rows and optimizer state live: host memory (DDR) or a file (SSD).
+"""Where a cached shard's rows and optimizer state live: host memory (DDR) or files (SSD).
 
 One fp32 record per row: the row's weights followed by its optimizer state, so a miss is
-one read and a write-back one write. The SSD store memory-maps its file; pages it touched
-are handed back to the kernel after every batch (`release`), so they sit in the page cache,
-not in the trainer's resident memory.
+one read and a write-back one write.
+
+The SSD store is log-structured, as SSD key-value stores are (FBGEMM's uses RocksDB): rows
+start in a base file; written-back rows are appended to a log file and an index remembers
+where each row's newest record is. Writing rows in place would dirty a 4 KiB page per
+260-byte row, and the kernel then throttles the trainer to the disk's random-write speed;
+appending dirties only the bytes written, sequentially. When the log is full its newest
+records are folded into the base file (compaction). Both files are memory-mapped; pages the
+store touched are handed back to the kernel after each batch (`release`), so they sit in the
+page cache, not in the trainer's resident memory.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,30 +25,17 @@ import torch
 from planner.errors import ConfigError
 
 RECORD_DTYPE = torch.float32
-INIT_CHUNK_ROWS = 1 << 18  # rows initialised at a time: bounds memory while writing a large file
+CHUNK_ROWS = 1 << 18  # rows initialised, saved or loaded at a time: bounds memory for large files
 
 
-class RowStore:
-    """Rows [num_rows, cols + state_cols] of fp32, in DDR (`path` None) or in a file at `path`."""
+class MemoryRowStore:
+    """Records [num_rows, width] of fp32 in host memory (the DDR tier)."""
 
-    def __init__(self, num_rows: int, cols: int, state_cols: int, path: Path | None = None) -> None:
-        self.num_rows, self.cols, self.state_cols = num_rows, cols, state_cols
-        self.width = cols + state_cols
-        self.path = path
-        self._mmap = None
-        if path is None:
-            self.data = torch.zeros(num_rows, self.width, dtype=RECORD_DTYPE)
-        else:
-            size = num_rows * self.width * 4
-            with open(path, "a+b") as f:
-                f.truncate(size)
-            self._fd = os.open(path, os.O_RDWR)
-            self._mmap = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            self.data = torch.from_numpy(np.frombuffer(self._mmap, dtype=np.float32).reshape(num_rows, self.width))
+    tier = "ddr"
 
-    @property
-    def tier(self) -> str:
-        return "ddr" if self.path is None else "ssd"
+    def __init__(self, num_rows: int, cols: int, state_cols: int) -> None:
+        self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
+        self.data = torch.zeros(num_rows, self.width, dtype=RECORD_DTYPE)
 
     @property
     def nbytes(self) -> int:
@@ -50,12 +43,16 @@ class RowStore:
 
     def initialise(self, generator: torch.Generator, bound: float) -> None:
         """Weights uniform in [-bound, bound] (TorchRec's default init for a table), state 0."""
-        for start in range(0, self.num_rows, INIT_CHUNK_ROWS):
-            stop = min(self.num_rows, start + INIT_CHUNK_ROWS)
+        for start in range(0, self.num_rows, CHUNK_ROWS):
+            stop = min(self.num_rows, start + CHUNK_ROWS)
             block = torch.zeros(stop - start, self.width, dtype=RECORD_DTYPE)
             block[:, : self.cols].uniform_(-bound, bound, generator=generator)
-            self.data[start:stop] = block
-            self.release()  # a file larger than memory never becomes resident
+            self.fill(start, block)
+        self.flush()
+
+    def fill(self, start: int, records: torch.Tensor) -> None:
+        """Set the records of rows start.. in bulk (initialisation, checkpoint loads)."""
+        self.data[start:start + len(records)] = records
 
     def read(self, ids: torch.Tensor) -> torch.Tensor:
         return self.data.index_select(0, ids)
@@ -64,41 +61,117 @@ class RowStore:
         self.data.index_copy_(0, ids, records)
 
     def release(self) -> None:
-        """Drop the mapping's pages from this process (the page cache keeps them; a shared
-        mapping's dirty pages are written back by the kernel, so nothing is lost)."""
-        if self._mmap is not None:
-            self._mmap.madvise(mmap.MADV_DONTNEED)
+        pass
 
     def flush(self) -> None:
-        """Make the file durable (before it is copied into a checkpoint)."""
-        if self._mmap is not None:
-            self._mmap.flush()
+        pass
 
     def save(self, path: Path) -> None:
-        """A copy of every record at `path` (a checkpoint's own file, never the live one)."""
-        if self.path is None:
-            with open(path, "wb") as f:
-                for start in range(0, self.num_rows, INIT_CHUNK_ROWS):
-                    f.write(self.data[start:start + INIT_CHUNK_ROWS].numpy().tobytes())
-        else:
-            self.flush()
-            shutil.copyfile(self.path, path)  # read(2)/write(2): the copy never maps into this process
+        """Every record, in row order, to `path` (a checkpoint's own file)."""
+        self.flush()
+        with open(path, "wb") as f:
+            for start in range(0, self.num_rows, CHUNK_ROWS):
+                f.write(self.read(torch.arange(start, min(self.num_rows, start + CHUNK_ROWS))).numpy().tobytes())
+                self.release()
 
     def load(self, path: Path) -> None:
         size = os.path.getsize(path)
         if size != self.nbytes:
-            raise ConfigError(f"checkpoint file {path} holds {size:,} bytes but this shard needs {self.nbytes:,}; resume with the plan it was saved with")
+            raise ConfigError(f"checkpoint file {path} holds {size:,} bytes but this shard needs {self.nbytes:,}; "
+                              f"resume with the plan it was saved with")
         with open(path, "rb") as f:
-            for start in range(0, self.num_rows, INIT_CHUNK_ROWS):
-                stop = min(self.num_rows, start + INIT_CHUNK_ROWS)
-                block = np.frombuffer(f.read((stop - start) * self.width * 4), dtype=np.float32)
-                self.data[start:stop] = torch.from_numpy(block.copy()).reshape(stop - start, self.width)
-                self.release()
+            for start in range(0, self.num_rows, CHUNK_ROWS):
+                stop = min(self.num_rows, start + CHUNK_ROWS)
+                block = np.frombuffer(f.read((stop - start) * self.width * 4), dtype=np.float32).reshape(stop - start, self.width)
+                self.fill(start, torch.from_numpy(block.copy()))
+        self.flush()
 
     def close(self) -> None:
-        if self._mmap is not None:
-            self.data = None
-            self._mmap.flush()
-            self._mmap.close()
-            os.close(self._fd)
-            self._mmap = None
+        pass
+
+
+def _map(path: Path, rows: int, width: int) -> tuple[int, mmap.mmap, torch.Tensor]:
+    with open(path, "a+b") as f:
+        f.truncate(rows * width * 4)
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, rows * width * 4, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return fd, mm, torch.from_numpy(np.frombuffer(mm, dtype=np.float32).reshape(rows, width))
+
+
+class FileRowStore(MemoryRowStore):
+    """Records in a base file plus an append-only log of written-back rows (the SSD tier).
+
+    `log_rows` bounds the log (default: as many records as the table has rows); the index
+    costs 4 bytes per row in memory.
+    """
+
+    tier = "ssd"
+
+    def __init__(self, num_rows: int, cols: int, state_cols: int, path: Path, log_rows: int | None = None) -> None:
+        self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
+        self.path, self.log_path = path, path.with_name(path.name + ".log")
+        self.log_rows = max(1, log_rows or num_rows)
+        self._fd, self._mm, self.base = _map(self.path, num_rows, self.width)
+        self._log_fd, self._log_mm, self.log = _map(self.log_path, self.log_rows, self.width)
+        self.location = torch.full((num_rows,), -1, dtype=torch.int32)  # newest record's log slot, -1: base file
+        self.log_used = 0
+        self.compactions = 0
+
+    def read(self, ids: torch.Tensor) -> torch.Tensor:
+        where = self.location.index_select(0, ids)
+        in_log = where >= 0
+        out = self.base.index_select(0, ids)
+        if in_log.any():
+            out[in_log] = self.log.index_select(0, where[in_log].long())
+        return out
+
+    def write(self, ids: torch.Tensor, records: torch.Tensor) -> None:
+        """Append the records to the log (compacting first when it has no room)."""
+        at = 0
+        while at < len(ids):
+            if self.log_used == self.log_rows:
+                self.compact()
+            n = min(len(ids) - at, self.log_rows - self.log_used)
+            self.log[self.log_used:self.log_used + n] = records[at:at + n]
+            self.location[ids[at:at + n]] = torch.arange(self.log_used, self.log_used + n, dtype=torch.int32)
+            self.log_used += n
+            at += n
+
+    def fill(self, start: int, records: torch.Tensor) -> None:
+        self.base[start:start + len(records)] = records
+        self.location[start:start + len(records)] = -1
+        self.release()  # a file larger than memory never becomes resident
+
+    def compact(self) -> None:
+        """Fold the log's newest records into the base file, in row order, and empty the log."""
+        ids = torch.nonzero(self.location >= 0).flatten()
+        for start in range(0, len(ids), CHUNK_ROWS):
+            chunk = ids[start:start + CHUNK_ROWS]
+            self.base.index_copy_(0, chunk, self.log.index_select(0, self.location[chunk].long()))
+            self.release()
+        self._mm.flush()
+        self.location.fill_(-1)
+        self.log_used = 0
+        self.compactions += 1
+
+    def release(self) -> None:
+        """Drop the mappings' pages from this process (the page cache keeps them; a shared
+        mapping's dirty pages are written out by the kernel, so nothing is lost)."""
+        self._mm.madvise(mmap.MADV_DONTNEED)
+        self._log_mm.madvise(mmap.MADV_DONTNEED)
+
+    def flush(self) -> None:
+        """The base file alone holds every row, durably (before it is copied into a checkpoint)."""
+        if self.log_used:
+            self.compact()
+        self._mm.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self.base = self.log = None  # drop the views before unmapping
+        for mm, fd in ((self._mm, self._fd), (self._log_mm, self._log_fd)):
+            try:
+                mm.close()
+            except BufferError:  # a view is still alive somewhere; the mapping goes with it
+                pass
+            os.close(fd)

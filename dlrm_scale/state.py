@@ -63,9 +63,9 @@ def local_shard_state(
     for (name, col), shard in (tiered.shards.items() if tiered is not None else []):
         cols = shard.weights.shape[1]
         if initial is not None:
-            shard.invalidate()
-            shard.store.data[:, :cols] = initial(name)[:, col:col + cols]
-        out[(name, col)] = (shard.rows(), shard.optimizer_state())
+            shard.set_weights(initial(name)[:, col:col + cols])
+        records = shard.records()
+        out[(name, col)] = (records[:, :cols], records[:, cols:])
     for kernel in embedding_kernels(model):
         weights = kernel.emb_module.split_embedding_weights()
         states = kernel.emb_module.split_optimizer_states()

@@ -4,7 +4,7 @@ FBGEMM's caching kernels (`fused_uvm_caching`, `key_value`) are CUDA-only, so on
 table is trained like this:
 - TorchRec shards a *resident* table of the plan's cache rows (`resident_plan`), computed
   with the ordinary fused TBE kernel and its fused optimizer;
-- the logical rows and their optimizer state live in a `RowStore` (a host tensor or a
+- the logical rows and their optimizer state live in a row store (`dlrm_scale.row_store`: a host tensor or
   memory-mapped file), one per shard this rank holds;
 - a forward pre-hook on the TBE maps each batch's ids to cache slots (`TieredShard.install`),
   first writing evicted dirty rows back and loading missed ones, so the TBE and its fused
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import NoWait
 
 from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
-from dlrm_scale.row_store import RowStore
+from dlrm_scale.row_store import FileRowStore, MemoryRowStore
 from planner.cost_model import optimizer_state_bytes
 from planner.errors import ConfigError
 from planner.plan import Plan, PlannedShard, TablePlan
@@ -106,13 +107,14 @@ class ShardCounters:
     loaded_rows: int = 0
     prefetched_rows: int = 0  # of the loaded rows, those read ahead in the background
     written_back_rows: int = 0
+    install_us: int = 0  # time the forward waited on the cache (lookup, write-back, loads)
 
 
 class TieredShard:
     """The cache slots of one shard in the TBE (weights and optimizer-state views) and the
     store behind them."""
 
-    def __init__(self, name: str, weights: torch.Tensor, states: list[torch.Tensor], store: RowStore,
+    def __init__(self, name: str, weights: torch.Tensor, states: list[torch.Tensor], store: MemoryRowStore,
                  cache: SetAssociativeCache, reader: ThreadPoolExecutor) -> None:
         self.name = name
         self.weights, self.states = weights, states
@@ -121,6 +123,7 @@ class TieredShard:
         self.counters = ShardCounters()
         self._reader = reader
         self._staged: tuple[torch.Tensor, Future] | None = None
+        self._next_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     # records: weights then each optimizer state, flattened per row
     def _gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -140,28 +143,43 @@ class TieredShard:
     def _write_back(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         dirty = self.dirty[slots]
         if dirty.any():
+            if self._staged is not None:
+                # the read ahead finishes first (a write may compact the files under it), and
+                # drops rows about to be written: its copies of them would be stale
+                staged_ids, future = self._staged
+                keep = ~torch.isin(staged_ids, ids[dirty])
+                self._staged = (staged_ids[keep], _done(future.result()[keep]))
             self.store.write(ids[dirty], self._gather(slots[dirty]))
             self.counters.written_back_rows += int(dirty.sum())
             self.dirty[slots] = False
-            if self._staged is not None:  # a staged copy of a row written back would be stale
-                staged_ids, future = self._staged
-                keep = ~torch.isin(staged_ids, ids[dirty])
-                records = future.result()
-                self._staged = (staged_ids[keep], _done(records[keep]))
 
     def prefetch(self, ids: torch.Tensor) -> None:
-        """Read, in the background, the rows of `ids` that are not cached now."""
-        uniq = torch.unique(ids)
+        """Read the rows of `ids` that are not cached now: in the background when the shard
+        has a reader thread, else right away (while the current batch is between its forward
+        and backward: with one core per rank a thread only competes for it)."""
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        self._next_batch = (ids, uniq, inverse)  # install() reuses the deduplication
         missing = uniq[self.cache.lookup(uniq) < 0]
-        self._staged = (missing, self._reader.submit(self.store.read, missing)) if len(missing) else None
+        if not len(missing):
+            self._staged = None
+        elif self._reader is None:
+            self._staged = (missing, _done(self.store.read(missing)))
+            self.store.release()
+        else:
+            self._staged = (missing, self._reader.submit(self.store.read, missing))
 
     def install(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
         """Make `ids` resident; returns the cache slot of each. Rows a training batch touches
         are dirty (its fused optimizer will update them) and get written back on eviction."""
+        start = time.perf_counter()
         over_ids, over_slots = self.cache.take_overflow()
         if len(over_ids):
             self._write_back(over_ids, over_slots)
-        uniq, inverse = torch.unique(ids, return_inverse=True)
+        if self._next_batch is not None and torch.equal(self._next_batch[0], ids):
+            _, uniq, inverse = self._next_batch
+        else:
+            uniq, inverse = torch.unique(ids, return_inverse=True)
+        self._next_batch = None
         try:
             a = self.cache.assign(uniq)
         except CacheTooSmallError as e:
@@ -176,6 +194,7 @@ class TieredShard:
         self.store.release()
         if training:
             self.dirty[a.slots] = True
+        self.counters.install_us += int((time.perf_counter() - start) * 1e6)
         return a.slots[inverse]
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
@@ -206,16 +225,19 @@ class TieredShard:
         """Forget the cache (its rows are stale after the store was replaced)."""
         self.cache.clear()
         self.dirty.zero_()
-        self._staged = None
+        self._staged = self._next_batch = None
 
-    def rows(self) -> torch.Tensor:
-        """The shard's current weights (cache written back first)."""
+    def records(self) -> torch.Tensor:
+        """Every row's record (weights, then optimizer state), the cache written back first."""
         self.flush()
-        return self.store.data[:, : self.weights.shape[1]].clone()
+        return self.store.read(torch.arange(self.store.num_rows))
 
-    def optimizer_state(self) -> torch.Tensor:
-        self.flush()
-        return self.store.data[:, self.weights.shape[1]:].clone()
+    def set_weights(self, weights: torch.Tensor) -> None:
+        """Start over from these weights and a zero optimizer state (to compare runs)."""
+        self.invalidate()
+        records = torch.zeros(len(weights), self.store.width)
+        records[:, : weights.shape[1]] = weights
+        self.store.fill(0, records)
 
 
 def _done(value) -> Future:
@@ -267,6 +289,7 @@ class TieringRuntime:
     policy: str = "lru"
     ways: int = CACHE_WAYS
     seed: int = 0
+    prefetch_thread: bool = False  # read ahead in a thread: worth it only with a spare core per rank
 
 
 class TieredEmbeddings:
@@ -298,12 +321,14 @@ class TieredEmbeddings:
             planned = next(s for s in tp.shards if s.rank == self.rank and s.col_offset == col)
             table_states = list(states[j]) if j < len(states) else []
             state_cols = sum(s[0].numel() for s in table_states)
-            path = store_file(self.runtime.store_dir, table.name, planned) if planned.tier == "ssd" else None
-            store = RowStore(tp.num_embeddings, planned.cols, state_cols, path)
+            if planned.tier == "ssd":
+                store = FileRowStore(tp.num_embeddings, planned.cols, state_cols, store_file(self.runtime.store_dir, table.name, planned))
+            else:
+                store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
             gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
             store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
-            shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
+            shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader if self.runtime.prefetch_thread else None)
             shards[j] = self.shards[(table.name, col)] = shard
         if shards:
             group = _TBEGroup(tbe, shards)
@@ -327,7 +352,7 @@ class TieredEmbeddings:
 
     def counters(self) -> dict[str, int]:
         out = {"cache_hits": 0, "cache_misses": 0, "cache_evictions": 0, "cache_overflow": 0,
-               "rows_loaded": 0, "rows_prefetched": 0, "rows_written_back": 0}
+               "rows_loaded": 0, "rows_prefetched": 0, "rows_written_back": 0, "cache_install_us": 0}
         for s in self.shards.values():
             c = s.cache.counters
             out["cache_hits"] += c.hits
@@ -337,6 +362,7 @@ class TieredEmbeddings:
             out["rows_loaded"] += s.counters.loaded_rows
             out["rows_prefetched"] += s.counters.prefetched_rows
             out["rows_written_back"] += s.counters.written_back_rows
+            out["cache_install_us"] += s.counters.install_us
         return out
 
     def flush(self) -> None:
