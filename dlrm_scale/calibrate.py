@@ -285,10 +285,51 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
     return {"step_overhead_ms": float(x[0]), "table_overhead_ms": float(x[1]), "input_id_ns": float(x[2])}
 
 
+def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 200_000, batches: int = 30) -> list[dict]:
+    """Time per cache miss of a table kept on SSD (dlrm_scale.tiering: row cache in front of
+    the log-structured file store in `directory`), with uniform ids so nearly every row misses
+    once the cache is full; one sample per embedding dim."""
+    import tempfile
+
+    from dlrm_scale.row_cache import SetAssociativeCache
+    from dlrm_scale.row_store import FileRowStore
+    from dlrm_scale.tiering import TieredShard
+
+    samples = []
+    for dim in dims:
+        with tempfile.TemporaryDirectory(dir=directory) as d:
+            store = FileRowStore(rows, dim, 1, Path(d) / "rows.f32")
+            store.initialise(torch.Generator().manual_seed(0), 0.01)
+            cache_rows = rows // 10
+            shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
+                                SetAssociativeCache(cache_rows, rows), None)
+            g = torch.Generator().manual_seed(1)
+            for _ in range(5):  # fill the cache first: then every miss also evicts and writes back
+                shard.install(torch.randint(0, rows, (cache_rows // 4,), generator=g), training=True)
+            misses, start = shard.cache.counters.misses, time.perf_counter()
+            for _ in range(batches):
+                shard.install(torch.randint(0, rows, (4096,), generator=g), training=True)
+            seconds = time.perf_counter() - start
+            samples.append({"dim": dim, "misses": shard.cache.counters.misses - misses, "seconds": seconds})
+            store.close()
+    return samples
+
+
+def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
+    """ssd_gb_per_s and ssd_latency_us of planner.cost_model.cache_miss_ms from per-miss times
+    at two row widths (the width-dependent part is bandwidth, the rest latency)."""
+    from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
+
+    a = np.array([[2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer)), 2.0] for s in samples])
+    b = np.array([s["seconds"] / s["misses"] * 1e6 for s in samples])  # us per miss
+    per_byte_us, latency_us = nonnegative_lstsq(a, b)
+    return {"ssd_gb_per_s": 1e-3 / per_byte_us if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us)}
+
+
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
     if not out.parent.exists():
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
-    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 4
+    total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 5
     with tqdm(total=total, desc="calibrating", unit="bench") as progress:
         emb = embedding_samples(cfg, progress)
         comms = comm_samples(cfg)
@@ -304,6 +345,8 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         }
         overhead = fit_overhead(cfg, fitted)
         progress.update(1)
+        store = store_miss_samples(out.parent)
+        progress.update(1)
     disk = shutil.disk_usage(out.parent).free
     profile = {
         "name": name or out.stem,
@@ -312,7 +355,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         "ddr_gib_per_node": round(memory / GIB * 0.8, 1),  # leave a fifth to the OS and the dense model
         "ssd_gib_per_node": round(disk / GIB * 0.8, 1),
         "hbm_gb_per_s": 1.0,
-        "ssd_gb_per_s": 0.5,
+        **fit_store(store, cfg.optimizer),
         **{k: v for k, v in fitted.items() if k not in ("ddr_bytes_per_node", "ssd_bytes_per_node", "hbm_gb_per_s", "ssd_gb_per_s")},
         **overhead,
     }
@@ -328,6 +371,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
     import json
 
     out.with_suffix(".samples.json").write_text(
-        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns, "overhead": overhead}, indent=1)
+        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns, "overhead": overhead,
+                    "store_misses": store}, indent=1)
     )
     return profile

@@ -91,8 +91,12 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
         raise ConfigError(f"the plan keeps {needed:,} bytes of rows on SSD but no store directory is set; pass --store-dir DIR")
     if not directory.is_dir():
         raise ConfigError(f"store directory {directory} does not exist; create it or pass another --store-dir")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigError(f"store directory {directory} is not writable; fix its permissions or pass another --store-dir")
+    probe = directory / f".dlrm_scale_probe_{os.getpid()}"
+    try:  # os.access says yes to root on a read-only mount; creating a file tells
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        raise ConfigError(f"store directory {directory} is not writable; fix its permissions or pass another --store-dir") from None
     free = shutil.disk_usage(directory).free
     if free < needed * FREE_DISK_MARGIN:
         raise ConfigError(

@@ -57,14 +57,18 @@ def embedding_optimizer(name: str):
     return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
 
 
-def sharder_for(fwd: str, bwd: str) -> WideEmbeddingBagCollectionSharder:
+def sharder_for(fwd: str, bwd: str, store_dir: str | None = None) -> WideEmbeddingBagCollectionSharder:
+    """The sharder: quantized comms when asked; on CUDA, FBGEMM's SSD kernel (`key_value`)
+    keeps its files in `store_dir`."""
     registry = None
     if (fwd, bwd) != ("fp32", "fp32"):
         registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=COMM_TYPES[fwd], backward_precision=COMM_TYPES[bwd]))
-    return WideEmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+    fused = {"ssd_storage_directory": store_dir} if store_dir else None
+    return WideEmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=registry)
 
 
-def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device):
+def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,
+                        store_dir: str | None = None):
     """DMP over `plan`. On CPU, cached tables are sharded as their resident caches (see
     dlrm_scale.tiering); on CUDA they keep FBGEMM's caching kernels."""
     tables = problem.tables
@@ -78,7 +82,7 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
         model,
         device=device,
         plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH),
-        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision)],
+        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, store_dir if device.type == "cuda" else None)],
     )
 
 
@@ -92,7 +96,7 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
-        self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device)
+        self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
             runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed)

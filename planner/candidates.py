@@ -56,6 +56,13 @@ def table_access(table: TableSpec, problem: PlanningProblem) -> TableAccess:
     return _zipf_access("zipf", table.num_embeddings, float(table.zipf_exponent or 0.0), batch, table.pooling_factor)
 
 
+def cached_request(table: TableSpec, sharding_type: ShardingType, geometries: tuple, tier: str, fraction: float,
+                   access: TableAccess, policy: str) -> OptionRequest:
+    """A cached option to cost: rows in `tier`, `fraction` of each shard's rows cached."""
+    return OptionRequest(table, sharding_type, cached_kernel_for(tier), tier, geometries, cache_fraction=fraction,
+                         hit_rate=access.curve(policy).at(fraction), unique_ratio=access.unique_ratio)
+
+
 def worth_caching(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec, tiering: TieringSpec) -> bool:
     fast = cluster.capacity_bytes_per_rank(cluster.device_tier)
     size = rows_bytes(table.num_embeddings, table.embedding_dim, training.embedding_optimizer)
@@ -81,17 +88,13 @@ def option_requests(
             requests.append(OptionRequest(table, sharding_type, compute_kernel_for(sharding_type), cluster.device_tier, geometries))
             if access is None or tiering is None or sharding_type not in CACHEABLE[cluster.device]:
                 continue
-            curve = access.curve(tiering.policy)
             # ids one shard sees per step; a cache must hold a step's distinct rows twice over
             ids = problem_batch * table.pooling_factor / (n if sharding_type in ROW_SCHEMES else 1)
             for tier in cluster.backing_tiers:
                 for fraction in tiering.load_factors:
                     if fraction * min(g.rows for g in geometries) < MIN_CACHE_BATCHES * ids * access.unique_ratio:
                         continue
-                    requests.append(OptionRequest(
-                        table, sharding_type, cached_kernel_for(tier), tier, geometries,
-                        cache_fraction=fraction, hit_rate=curve.at(fraction), unique_ratio=access.unique_ratio,
-                    ))
+                    requests.append(cached_request(table, sharding_type, geometries, tier, fraction, access, tiering.policy))
     return requests
 
 

@@ -19,6 +19,10 @@ def format_plan(plan: Plan, max_rank_rows: int = 16) -> str:
         f"cost model '{plan.cost_model}', solver '{plan.solver}' in {plan.solve_seconds:.2f}s"
     )
     lines.append("schemes: " + ", ".join(f"{k} {v}" for k, v in sorted(mix.items())))
+    cached = {name: t for name, t in plan.tables.items() if t.cached}
+    if cached:  # why a table is slower than it could be: its rows live in a slower tier
+        kinds = Counter(f"{t.compute_kernel} ({t.shards[0].tier}, cache {t.cache_load_factor:g})" for t in cached.values())
+        lines.append(f"cached tables {len(cached)}: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
     lines.append(
         f"busiest rank {plan.max_rank_ms:.4f} ms/step, lower bound {plan.lower_bound_ms:.4f} ms, gap {100 * plan.gap:.2f}%"
     )

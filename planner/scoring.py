@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.candidates import cached_request, table_access
 from planner.cost_model import CostModel, OptionRequest
 from planner.plan import Plan
 from planner.specs import PlanningProblem
@@ -16,13 +17,19 @@ def costed_options(plan: Plan, problem: PlanningProblem, cost_model: CostModel) 
     requests = []
     for name in names:
         t = plan.tables[name]
+        table = problem.tables_by_name[name]
+        geometries = tuple(ShardGeometry(s.row_offset, s.col_offset, s.rows, s.cols) for s in t.shards)
+        if t.cached:
+            requests.append(cached_request(table, ShardingType(t.sharding_type), geometries, t.shards[0].tier,
+                                           t.cache_load_factor, table_access(table, problem), problem.tiering.policy))
+            continue
         requests.append(
             OptionRequest(
-                table=problem.tables_by_name[name],
+                table=table,
                 sharding_type=ShardingType(t.sharding_type),
                 compute_kernel=t.compute_kernel,
                 tier=t.shards[0].tier or problem.cluster.device_tier,
-                geometries=tuple(ShardGeometry(s.row_offset, s.col_offset, s.rows, s.cols) for s in t.shards),
+                geometries=geometries,
             )
         )
     return list(zip(names, cost_model.estimate(requests)))

@@ -14,9 +14,15 @@ from dlrm_scale.model import ModelConfig
 from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
 from planner.config import load_problem, load_tables_csv, section_dataclass
 from planner.errors import PlannerError
-from planner.plan import Plan
+from planner.plan import Plan, table_layout
+import torch
 from planner.planning import make_plan
-from planner.specs import TableSpec
+from planner.specs import TableSpec, TieringSpec
+from planner.types import ShardingType
+from planner.access_stats import load_stats
+from dlrm_scale.row_cache import SetAssociativeCache
+from dlrm_scale.row_store import MemoryRowStore
+from dlrm_scale.tiering import TieredShard, check_store_directory, resident_plan
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
 
 BASE = "hardware: a100_zionex\ntraining: {batch_size_per_rank: 8}\n"
@@ -55,6 +61,18 @@ def overlapping(tmp: Path) -> dict:
                           "shards": [{"rank": 0, "row_offset": 0, "col_offset": 0, "rows": 100, "cols": 12, "tier": "hbm"},
                                      {"rank": 1, "row_offset": 0, "col_offset": 8, "rows": 100, "cols": 4, "tier": "hbm"}]}
     return doc
+
+
+def ssd_plan(rows: int = 1000, sharding_type: ShardingType = ShardingType.TABLE_WISE) -> Plan:
+    t = TableSpec("a", rows, 16)
+    return Plan(2, 2, {"a": table_layout(t, sharding_type, [0] if sharding_type is ShardingType.TABLE_WISE else [0, 1], "ssd", 0.1)},
+                (), 0.0, 0.0)
+
+
+def too_small_cache():
+    cache = SetAssociativeCache(32, 1000, 4)
+    shard = TieredShard("t", torch.zeros(32, 4), [], MemoryRowStore(1000, 4, 0), cache, None)
+    shard.install(torch.arange(200), training=True)
 
 
 def too_many_bad_lines(tmp: Path):
@@ -127,6 +145,21 @@ CASES = [
     ("zero steps", lambda t: TrainConfig(steps=0), "train: steps must be positive, got 0"),
     ("model value of the wrong type", lambda t: section_dataclass({"model": {"dense_arch": "wide"}}, "model", ModelConfig, "config"),
      "config: model has a value of the wrong type; check the numbers and lists in it"),
+    ("no store directory for SSD rows", lambda t: check_store_directory(ssd_plan(), [0], None, "sgd"),
+     "the plan keeps 64,000 bytes of rows on SSD but no store directory is set; pass --store-dir DIR"),
+    ("missing store directory", lambda t: check_store_directory(ssd_plan(), [0], t / "none", "sgd"),
+     "store directory {t}/none does not exist; create it or pass another --store-dir"),
+    ("store directory that cannot be written", lambda t: check_store_directory(ssd_plan(), [0], Path("/proc/self"), "sgd"),
+     "store directory /proc/self is not writable; fix its permissions or pass another --store-dir"),
+    ("too little disk for SSD rows", lambda t: check_store_directory(ssd_plan(2**40), [0], t, "sgd"),
+     re.compile(r"store directory .* has [\d,]+ bytes free but the plan's SSD rows need [\d,]+; free space or pass another --store-dir")),
+    ("cached row-wise table on CPU", lambda t: resident_plan(ssd_plan(1000, ShardingType.ROW_WISE)),
+     "table 'a' is row_wise with key_value: on CPU only table_wise, column_wise, table_column_wise tables can be cached; re-plan with --device cpu"),
+    ("cache smaller than a batch", lambda t: too_small_cache(),
+     "cached table 't': a batch needs 200 distinct rows but the cache holds 32; raise the cache load factor (in its plan)"),
+    ("missing stats file", lambda t: load_stats(t / "s.json"),
+     "stats file {t}/s.json does not exist; write one with 'dlrm-scale profile CONFIG --out {t}/s.json'"),
+    ("unknown cache policy", lambda t: TieringSpec(policy="fifo"), "tiering: policy 'fifo' is not one of lru, lfu"),
     ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
      "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]

@@ -91,3 +91,27 @@ def test_lower_precision_cuts_comms_only():
     half = AnalyticCostModel(c, TrainingSpec(512, fwd_comm_precision="fp16", bwd_comm_precision="bf16")).estimate([req])[0].shards[0].perf
     assert half.compute_ms == fp32.compute_ms
     assert half.bwd_comms_ms == pytest.approx(fp32.bwd_comms_ms / 2)
+
+
+def test_cache_miss_cost_moves_each_missed_row_in_and_a_victim_out():
+    # 1e6 misses of 64 fp32 + 1 state value: 2 * 260 bytes each at 52 GB/s -> 10 ms, plus 2 * 1 us each
+    assert cm.cache_miss_ms(1e6, 64, "rowwise_adagrad", 52.0, 1.0) == pytest.approx(10.0 + 2000.0)
+    assert cm.cache_rows(1000, 0.25) == 250 and cm.cache_rows(3, 0.01) == 1 and cm.cache_rows(0, 0.5) == 0
+
+
+def test_a_cached_shard_trades_device_memory_for_miss_time():
+    cluster = make_cluster(ssd_bytes_per_node=10**12, ssd_latency_us=50.0)
+    model = AnalyticCostModel(cluster, TrainingSpec(1024))
+    t = TableSpec("t", 10_000_000, 64, 4.0)
+    g = tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1))
+    plain = model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "fused", "hbm", g)])[0]
+    cached = [model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "key_value", "ssd", g, 0.1, hit, 0.5)])[0]
+              for hit in (0.9, 0.5)]
+    for c in cached:
+        assert c.shards[0].storage.hbm_bytes < plain.shards[0].storage.hbm_bytes / 5
+        assert c.shards[0].storage.ssd_bytes == cm.rows_bytes(10_000_000, 64, "rowwise_adagrad")
+    # misses cost time in proportion to (1 - hit rate)
+    lookups = 1024 * 4 * 4  # global batch x pooling (4 ranks)
+    extra = [c.shards[0].perf.fwd_compute_ms - plain.shards[0].perf.fwd_compute_ms for c in cached]
+    assert extra[0] == pytest.approx(cm.cache_miss_ms(lookups * 0.5 * 0.1, 64, "rowwise_adagrad", 5.0, 50.0))
+    assert extra[1] == pytest.approx(5 * extra[0])

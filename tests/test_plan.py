@@ -97,3 +97,25 @@ def test_missing_and_broken_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(PlanFormatError, match="not valid JSON"):
         Plan.load(bad)
+
+
+def test_cached_tables_carry_their_tier_cache_rows_and_load_factor(tmp_path):
+    from planner.specs import TableSpec, TieringSpec
+
+    big = TableSpec("big", 40_000_000, 128, 4.0, zipf_exponent=1.1)
+    cluster = make_cluster(ranks_per_node=2, hbm_gib=8, ssd_bytes_per_node=2**40)
+    problem = make_problem([big, table("small")], cluster, tiering=TieringSpec(load_factors=(0.05, 0.2)))
+    plan = make_plan(problem, config=SolverConfig(time_limit_s=2))
+    doc = plan.to_dict()
+    t = doc["tables"]["big"]
+    assert t["compute_kernel"] in ("fused_uvm_caching", "key_value") and t["cache_load_factor"] in (0.05, 0.2)
+    for s in t["shards"]:
+        assert s["tier"] in ("ddr", "ssd") and s["cache_rows"] == -(-s["rows"] * t["cache_load_factor"] // 1)
+    assert "cache_rows" not in doc["tables"]["small"]["shards"][0]
+    assert Plan.from_dict(doc).to_dict() == doc
+    broken = corrupt(doc, lambda d: d["tables"]["big"]["shards"][0].pop("cache_rows"))
+    with pytest.raises(PlanFormatError, match="has no 'cache_rows'"):
+        Plan.from_dict(broken)
+    broken = corrupt(doc, lambda d: d["tables"]["big"].update(cache_load_factor=1.5))
+    with pytest.raises(PlanFormatError, match=r"cache_load_factor 1.5 must be in \(0, 1\]"):
+        Plan.from_dict(broken)

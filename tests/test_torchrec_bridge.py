@@ -81,3 +81,34 @@ def test_torchrec_planner_baseline_gives_a_valid_plan():
     for name, t in plan.tables.items():
         check_geometry(name, t)
     assert rank_times_ms(plan, problem, TorchRecCostModel(problem)).max() > 0
+
+
+def test_cached_tables_map_to_torchrec_kernels_with_their_load_factor():
+    """On CUDA a cached table keeps FBGEMM's caching kernel and the plan's load factor."""
+    from planner.specs import TableSpec
+
+    big, small = TableSpec("big", 10_000, 16), TableSpec("small", 100, 16)
+    tables = {
+        "big": table_layout(big, ShardingType.COLUMN_WISE, [0, 1], "ddr", 0.25),
+        "small": table_layout(small, ShardingType.ROW_WISE, [0, 1], "ssd", 0.5),
+    }
+    plan = Plan(2, 2, tables, (), 0.0, 0.0)
+    tr = to_sharding_plan(plan, "cuda")
+    ps = tr.plan[""]
+    assert ps["big"].compute_kernel == "fused_uvm_caching" and ps["big"].cache_params.load_factor == 0.25
+    assert ps["small"].compute_kernel == "key_value" and ps["small"].cache_params.load_factor == 0.5
+    back = from_sharding_plan(tr, {"big": (10_000, 16), "small": (100, 16)}, 2, 2, "cuda")
+    assert back.tables == plan.tables
+
+
+def test_scoring_a_cached_plan_charges_its_misses():
+    from planner.cost_model import AnalyticCostModel
+    from planner.specs import TableSpec
+
+    t = TableSpec("t", 1_000_000, 64, 8.0, zipf_exponent=1.05)
+    problem = make_problem([t], make_cluster(ranks_per_node=2, ssd_bytes_per_node=2**40, ssd_latency_us=1.0))
+    model = AnalyticCostModel(problem.cluster, problem.training)
+    in_memory = Plan(2, 2, {"t": table_layout(t, ShardingType.TABLE_WISE, [0], "hbm")}, (), 0.0, 0.0)
+    small, large = (Plan(2, 2, {"t": table_layout(t, ShardingType.TABLE_WISE, [0], "ssd", f)}, (), 0.0, 0.0) for f in (0.05, 0.4))
+    times = [rank_times_ms(p, problem, model)[0] for p in (in_memory, large, small)]
+    assert times[0] < times[1] < times[2]

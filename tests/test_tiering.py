@@ -1,0 +1,78 @@
+"""The CPU tiering layer's single-process parts: resident layout, store checks, a shard's cache."""
+
+from __future__ import annotations
+
+import torch
+
+from dlrm_scale.row_cache import SetAssociativeCache
+from dlrm_scale.row_store import MemoryRowStore
+from dlrm_scale.tiering import TieredShard, check_store_directory, resident_plan, resident_tables
+from planner.plan import Plan, table_layout
+from planner.specs import TableSpec
+from planner.types import ShardingType
+
+
+def test_resident_plan_shards_each_cached_table_as_its_cache():
+    big, small = TableSpec("big", 10_000, 16), TableSpec("small", 100, 16)
+    plan = Plan(2, 2, {"big": table_layout(big, ShardingType.COLUMN_WISE, [1, 0], "ssd", 0.3),
+                       "small": table_layout(small, ShardingType.TABLE_WISE, [1], "ddr")}, (), 0.0, 0.0)
+    resident = resident_plan(plan)
+    b = resident.tables["big"]
+    assert b.compute_kernel == "fused" and b.num_embeddings == 3000
+    assert [(s.rank, s.rows, s.cols, s.col_offset) for s in b.shards] == [(1, 3000, 8, 0), (0, 3000, 8, 8)]
+    assert resident.tables["small"] == plan.tables["small"]
+    assert [t.num_embeddings for t in resident_tables([big, small], plan)] == [3000, 100]
+
+
+def test_store_directory_check_passes_for_a_writable_directory_with_room(tmp_path):
+    t = TableSpec("a", 1000, 16)
+    plan = Plan(2, 2, {"a": table_layout(t, ShardingType.TABLE_WISE, [1], "ssd", 0.1)}, (), 0.0, 0.0)
+    check_store_directory(plan, [1], tmp_path, "rowwise_adagrad")
+    check_store_directory(plan, [0], None, "rowwise_adagrad")  # rank 0 keeps nothing on SSD
+    assert not list(tmp_path.iterdir())  # the probe file is gone
+
+
+def shard(rows=1000, cache_rows=64, cols=4):
+    weights, momentum = torch.zeros(cache_rows, cols), torch.zeros(cache_rows)
+    store = MemoryRowStore(rows, cols, 1)
+    store.fill(0, torch.cat([torch.arange(rows, dtype=torch.float32)[:, None].expand(rows, cols),
+                             torch.zeros(rows, 1)], 1))
+    return TieredShard("t", weights, [momentum], store, SetAssociativeCache(cache_rows, rows, 4), None), weights, momentum
+
+
+def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction():
+    s, weights, momentum = shard()
+    updates = torch.zeros(1000)  # how often each row was "trained"
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        ids = torch.randint(0, 1000, (30,), generator=g)
+        slots = s.install(ids, training=True)
+        assert torch.equal(weights[slots, 0], ids.float() + updates[ids])  # the row's newest value, wherever it was
+        rows, first = torch.unique(ids), torch.unique(slots)
+        updates[rows] += 1  # "train": every looked-up row goes up by one, as the fused optimizer would
+        weights[first] += 1.0
+        momentum[first] += 1.0
+    records = s.records()
+    assert torch.equal(records[:, 0], torch.arange(1000).float() + updates)
+    assert torch.equal(records[:, 4], updates)
+    assert s.counters.written_back_rows > 0
+
+
+def test_prefetched_rows_are_used_and_never_stale():
+    s, weights, _ = shard()
+    first = torch.arange(0, 50)
+    s.install(first, training=True)
+    weights[s.cache.lookup(first)] += 100.0  # the batch updates its rows
+    nxt = torch.arange(25, 75)
+    s.prefetch(nxt)
+    slots = s.install(nxt, training=True)
+    assert s.counters.prefetched_rows == 25  # rows 50..74 came from the read-ahead
+    assert torch.equal(weights[slots[:25], 0], torch.arange(25, 50).float() + 100.0)  # cached ones kept their update
+    assert torch.equal(weights[slots[25:], 0], torch.arange(50, 75).float())
+
+
+def test_evaluation_batches_do_not_dirty_rows():
+    s, _, _ = shard()
+    s.install(torch.arange(0, 60), training=False)
+    s.install(torch.arange(100, 160), training=False)
+    assert s.counters.written_back_rows == 0
