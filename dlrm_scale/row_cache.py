@@ -147,7 +147,8 @@ class SetAssociativeCache:
         spill = miss_ids[~fits]
         if len(spill) > self.overflow_rows:
             raise CacheTooSmallError(
-                f"a batch needs {len(ids)} distinct rows but the cache holds {self.capacity}; raise the cache load factor"
+                f"a batch needs {len(ids)} distinct rows and {len(spill)} found no way in their set "
+                f"(the cache holds {self.capacity}, of which {self.overflow_rows} for such rows); raise the cache load factor"
             )
         self.overflow_ids = spill  # sorted, since ids are
         miss_slots[~fits] = self.sets * W + torch.arange(len(spill))

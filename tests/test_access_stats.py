@@ -79,7 +79,7 @@ def test_zipf_formulas_agree_with_a_long_trace():
     measured = trace_access("t", batches, rows, ids)
     model = zipf_access("t", rows, 1.05, ids, 1.0)
     assert model.unique_ids_per_batch == pytest.approx(measured.unique_ids_per_batch, rel=0.02)
-    for f in (0.01, 0.05, 0.1):
+    for f in (0.05, 0.1, 0.2):  # caches of at least two batches' rows, as the planner allows
         assert model.lru.at(f) == pytest.approx(measured.lru.at(f), abs=0.03)
 
 

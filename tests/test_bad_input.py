@@ -156,7 +156,8 @@ CASES = [
     ("cached row-wise table on CPU", lambda t: resident_plan(ssd_plan(1000, ShardingType.ROW_WISE)),
      "table 'a' is row_wise with key_value: on CPU only table_wise, column_wise, table_column_wise tables can be cached; re-plan with --device cpu"),
     ("cache smaller than a batch", lambda t: too_small_cache(),
-     "cached table 't': a batch needs 200 distinct rows but the cache holds 32; raise the cache load factor (in its plan)"),
+     "cached table 't': a batch needs 200 distinct rows and 172 found no way in their set (the cache holds 32, of which 4 for such rows); "
+     "raise the cache load factor (in its plan)"),
     ("missing stats file", lambda t: load_stats(t / "s.json"),
      "stats file {t}/s.json does not exist; write one with 'dlrm-scale profile CONFIG --out {t}/s.json'"),
     ("unknown cache policy", lambda t: TieringSpec(policy="fifo"), "tiering: policy 'fifo' is not one of lru, lfu"),

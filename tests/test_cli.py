@@ -66,3 +66,21 @@ def test_torchrec_cost_model_flag(tmp_path: Path):
     r = cli("plan", "configs/criteo_kaggle.yaml", "--cost-model", "torchrec", "--time-limit", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["cost_model"] == "torchrec"
+
+
+def test_profile_writes_stats_that_plan_reads(tmp_path: Path):
+    stats = tmp_path / "stats.json"
+    r = cli("profile", "configs/tiny.yaml", "--batches", "40", "--out", str(stats))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(stats.read_text())
+    assert set(doc["tables"]) == {"t_large", "t_medium", "t_small", "t_tiny"}
+    large = doc["tables"]["t_large"]
+    assert abs(large["pooling_factor"] - 4.0) < 0.1 and large["batch_size"] == 512  # 256 per rank x 2 ranks
+    assert large["lru_hit_rate"] == sorted(large["lru_hit_rate"]) and 0 < large["lru_hit_rate"][-1] <= 1
+    out = tmp_path / "plan.json"
+    r = cli("plan", "configs/tiny.yaml", "--stats", str(stats), "--out", str(out), "--time-limit", "2")
+    assert r.returncode == 0, r.stderr
+    doc["tables"]["nope"] = doc["tables"].pop("t_tiny")
+    stats.write_text(json.dumps(doc))
+    r = cli("plan", "configs/tiny.yaml", "--stats", str(stats), "--out", str(out))
+    assert r.returncode == 2 and r.stderr.strip().endswith("describes table 'nope' that the config does not have; profile this config")

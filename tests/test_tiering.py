@@ -59,7 +59,7 @@ def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction()
 
 
 def test_prefetched_rows_are_used_and_never_stale():
-    s, weights, _ = shard()
+    s, weights, _ = shard(cache_rows=256)
     first = torch.arange(0, 50)
     s.install(first, training=True)
     weights[s.cache.lookup(first)] += 100.0  # the batch updates its rows
@@ -72,7 +72,7 @@ def test_prefetched_rows_are_used_and_never_stale():
 
 
 def test_evaluation_batches_do_not_dirty_rows():
-    s, _, _ = shard()
+    s, _, _ = shard(cache_rows=256)
     s.install(torch.arange(0, 60), training=False)
     s.install(torch.arange(100, 160), training=False)
     assert s.counters.written_back_rows == 0
