@@ -308,7 +308,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
                 shard.install(torch.randint(0, rows, (cache_rows // 4,), generator=g), training=True)
             misses, start = shard.cache.counters.misses, time.perf_counter()
             for _ in range(batches):
-                shard.install(torch.randint(0, rows, (4096,), generator=g), training=True)
+                shard.install(torch.randint(0, rows, (cache_rows // 4,), generator=g), training=True)
             seconds = time.perf_counter() - start
             samples.append({"dim": dim, "misses": shard.cache.counters.misses - misses, "seconds": seconds})
             store.close()
@@ -323,7 +323,7 @@ def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     a = np.array([[2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer)), 2.0] for s in samples])
     b = np.array([s["seconds"] / s["misses"] * 1e6 for s in samples])  # us per miss
     per_byte_us, latency_us = nonnegative_lstsq(a, b)
-    return {"ssd_gb_per_s": 1e-3 / per_byte_us if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us)}
+    return {"ssd_gb_per_s": float(1e-3 / per_byte_us) if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us)}
 
 
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:

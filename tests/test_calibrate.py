@@ -36,3 +36,20 @@ def test_comms_fit_recovers_latency_and_bandwidth():
     fit = fit_comms(samples, world)
     assert fit["collective_latency_ms"] == pytest.approx(latency, rel=1e-6)
     assert fit["intra_node_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
+
+
+def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
+    from dlrm_scale.calibrate import fit_store
+    from planner.cost_model import cache_miss_ms
+
+    samples = [{"dim": d, "misses": 1000, "seconds": cache_miss_ms(1000, d, "rowwise_adagrad", 0.8, 0.3) / 1e3} for d in (16, 128)]
+    fitted = fit_store(samples, "rowwise_adagrad")
+    assert fitted["ssd_gb_per_s"] == pytest.approx(0.8) and fitted["ssd_latency_us"] == pytest.approx(0.3)
+
+
+def test_store_miss_samples_time_real_misses(tmp_path):
+    from dlrm_scale.calibrate import store_miss_samples
+
+    samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
+    assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > 0  # uniform ids: nearly all of 3 x 500 miss
+    assert not list(tmp_path.iterdir())  # its files are gone
