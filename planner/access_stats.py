@@ -12,7 +12,6 @@ far longer than any profiled sample.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner import json_file
 from planner.errors import ConfigError
 
 POLICIES = ("lru", "lfu")
@@ -247,21 +247,12 @@ def save_stats(stats: dict[str, TableAccess], path: str | Path, source: str) -> 
             for name, a in stats.items()
         },
     }
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(path)
+    json_file.write_atomic(path, doc)
 
 
 def load_stats(path: str | Path) -> dict[str, TableAccess]:
     """Read stats.json; every problem is one line naming the file and the field."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"stats file {path} does not exist; write one with 'dlrm-scale profile CONFIG --out {path}'") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"stats file {path} is not valid JSON ({e}); re-run 'dlrm-scale profile'") from None
+    doc = json_file.read(path, "stats file", f"write one with 'dlrm-scale profile CONFIG --out {path}'", "dlrm-scale profile", ConfigError)
     if not isinstance(doc, dict) or doc.get("schema") != STATS_SCHEMA or not isinstance(doc.get("tables"), dict):
         raise ConfigError(f"stats file {path}: not a {STATS_SCHEMA} document; re-run 'dlrm-scale profile'")
     out = {}

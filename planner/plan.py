@@ -6,13 +6,13 @@ the field, so a hand-edited plan never fails deep inside training.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from planner.candidates import cached_kernel_for, compute_kernel_for
 from planner.cost_model import cache_rows
+from planner import json_file
 from planner.errors import PlanFormatError
 from planner.schemes import shard_geometry
 from planner.solver import Solution
@@ -147,21 +147,11 @@ class Plan:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write atomically: a crash mid-write never leaves a half plan behind."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(path)
+        json_file.write_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        path = Path(path)
-        try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PlanFormatError(f"plan file {path} does not exist; create one with 'dlrm-scale plan --out {path}'") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PlanFormatError(f"plan file {path} is not valid JSON ({e}); re-run 'dlrm-scale plan'") from None
+        doc = json_file.read(path, "plan file", f"create one with 'dlrm-scale plan --out {path}'", "dlrm-scale plan", PlanFormatError)
         return cls.from_dict(doc, source=str(path))
 
     @classmethod
