@@ -3,8 +3,9 @@ per GPU) for a trillion-parameter-class model: how the busiest rank's step time 
 per rank move with the number of ranks (8 to 1,024) and the communication precision.
 
 The model: 8 tables of 10^9 rows and 400 more with log-normal rows (median 2M, capped at
-2*10^8), dims 64..256, pooling factors 1..50 -- about 1.3 trillion parameters, too large for
-HBM below a few hundred ranks (the planner says so, naming a table; tiering is issue #3).
+2*10^8), dims 64..256, pooling factors 1..50, Zipf-skewed ids (exponents 0.9..1.2) -- about
+1.3 trillion parameters, too large for HBM below a few hundred ranks: there the planner keeps
+the largest tables' rows in DDR or on SSD behind HBM caches, and says how many.
 
     python benchmarks/whatif_bench.py
 
@@ -36,11 +37,12 @@ PRECISIONS = (("fp32", "fp32"), ("fp16", "bf16"), ("int8", "int8"))
 
 def trillion_tables(seed: int = 0) -> list[TableSpec]:
     rng = np.random.default_rng(seed)
-    tables = [TableSpec(f"huge{i}", 1_000_000_000, 128, float(rng.integers(1, 20))) for i in range(8)]
+    tables = [TableSpec(f"huge{i}", 1_000_000_000, 128, float(rng.integers(1, 20)), 1.05) for i in range(8)]
     rows = np.clip(rng.lognormal(np.log(2e6), 1.5, 400), 1000, 2e8).astype(int)
     dims = rng.choice([64, 128, 256], 400)
     pooling = rng.integers(1, 51, 400)
-    tables += [TableSpec(f"t{i}", int(r), int(d), float(p)) for i, (r, d, p) in enumerate(zip(rows, dims, pooling))]
+    skew = np.round(rng.uniform(0.9, 1.2, 400), 2)
+    tables += [TableSpec(f"t{i}", int(r), int(d), float(p), float(z)) for i, (r, d, p, z) in enumerate(zip(rows, dims, pooling, skew))]
     return tables
 
 
@@ -64,6 +66,7 @@ def main() -> int:
                 row.update(
                     max_rank_ms=plan.max_rank_ms, gap=plan.gap, compute_ms=perf.compute_ms, comms_ms=perf.comms_ms,
                     max_hbm_gib=max(r.memory.hbm_bytes for r in plan.ranks) / 2**30,
+                    cached_tables={k: sum(1 for t in plan.tables.values() if t.compute_kernel == k) for k in ("fused_uvm_caching", "key_value")},
                     samples_per_s=GLOBAL_BATCH / plan.max_rank_ms * 1e3,
                     schemes={s: sum(1 for t in plan.tables.values() if t.sharding_type == s) for s in {t.sharding_type for t in plan.tables.values()}},
                 )
@@ -73,12 +76,14 @@ def main() -> int:
     out = ROOT / "benchmarks" / "results" / "whatif.json"
     out.write_text(json.dumps({"parameters": params, "global_batch": GLOBAL_BATCH, "results": rows}, indent=1) + "\n")
     print(f"model: {len(tables)} tables, {params / 1e12:.2f} trillion parameters, global batch {GLOBAL_BATCH}")
-    print("| ranks | comms | busiest rank ms | of which comms | max HBM GiB/rank | embedding-bound samples/s | plan s |\n|---|---|---|---|---|---|---|")
+    print("| ranks | comms | busiest rank ms | of which comms | max HBM GiB/rank | cached tables (DDR / SSD) | embedding-bound samples/s | plan s |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "infeasible" in r:
-            print(f"| {r['ranks']} | {r['precision']} | infeasible: {r['infeasible'][:90]}... | | | | {r['plan_s']:.1f} |")
+            print(f"| {r['ranks']} | {r['precision']} | infeasible: {r['infeasible'][:90]}... | | | | | {r['plan_s']:.1f} |")
         else:
-            print(f"| {r['ranks']} | {r['precision']} | {r['max_rank_ms']:.2f} | {r['comms_ms']:.2f} | {r['max_hbm_gib']:.1f} | {r['samples_per_s']:,.0f} | {r['plan_s']:.1f} |")
+            cached = r["cached_tables"]
+            print(f"| {r['ranks']} | {r['precision']} | {r['max_rank_ms']:.2f} | {r['comms_ms']:.2f} | {r['max_hbm_gib']:.1f} | "
+                  f"{cached['fused_uvm_caching']} / {cached['key_value']} | {r['samples_per_s']:,.0f} | {r['plan_s']:.1f} |")
     return 0
 
 

@@ -170,7 +170,7 @@ def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_
 
 
 # ---- from a Zipf law -------------------------------------------------------------------------
-def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 100_000, tail_bins: int = 2_000):
+def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 2_000, tail_bins: int = 1_000):
     """P(id = i) proportional to (i+1)^-s, as (probability, multiplicity) pairs: exact for the
     first `exact_head` rows, log-spaced bins of near-equal probability for the rest, so tables
     of a billion rows cost as much as small ones."""
@@ -200,32 +200,35 @@ def zipf_access(name: str, num_rows: int, exponent: float, batch_size: int, pool
     order = np.argsort(-q, kind="stable")
     q_sorted, m_sorted = q[order], m[order]
     cum_rows, cum_q = np.cumsum(m_sorted), np.cumsum(q_sorted * m_sorted)
+    caches = np.minimum(num_rows, np.asarray(fractions, dtype=np.float64) * num_rows)
+
+    k = np.searchsorted(cum_rows, caches)  # LFU: whole bins above the boundary, part of the one on it
+    full = np.where(k > 0, cum_q[np.maximum(k - 1, 0)], 0.0)
+    inside = caches - np.where(k > 0, cum_rows[np.maximum(k - 1, 0)], 0.0)
+    lfu = np.minimum(1.0, (full + inside * q_sorted[np.minimum(k, len(q_sorted) - 1)] * (k < len(q_sorted))) / unique)
+
     log_miss = np.log1p(-np.minimum(q, 1 - 1e-15))
-    lru, lfu = [], []
-    for f in fractions:
-        c = min(num_rows, f * num_rows)
-        k = np.searchsorted(cum_rows, c)  # partial bin at the boundary
-        full = cum_q[k - 1] if k > 0 else 0.0
-        part = (c - (cum_rows[k - 1] if k > 0 else 0.0)) * q_sorted[k] if k < len(q_sorted) else 0.0
-        lfu.append(min(1.0, (full + part) / unique))
-        if c >= num_rows:
-            lru.append(1.0)
-            continue
-        lo, hi = 0.0, 1.0
-        while np.sum(-np.expm1(hi * log_miss) * m) < c:
-            hi *= 2.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if np.sum(-np.expm1(mid * log_miss) * m) < c else (lo, mid)
-        lru.append(float(np.sum(q * -np.expm1(hi * log_miss) * m) / unique))
+
+    def occupancy(t: np.ndarray) -> np.ndarray:  # expected cached rows after T batches, per cache
+        return -np.expm1(np.outer(t, log_miss)) @ m
+
+    lo, hi = np.zeros(len(caches)), np.ones(len(caches))
+    while np.any(grow := (occupancy(hi) < caches) & (caches < num_rows)):
+        hi[grow] *= 2.0
+    for _ in range(50):  # bisection on T for all cache sizes at once
+        mid = (lo + hi) / 2
+        below = occupancy(mid) < caches
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    lru = (-np.expm1(np.outer(hi, log_miss)) @ (q * m)) / unique
+    lru = np.where(caches >= num_rows, 1.0, lru)
     return TableAccess(
         name=name,
         batch_size=batch_size,
         pooling_factor=pooling_factor,
         distinct_ids=int(round(unique)),
         unique_ids_per_batch=unique,
-        lru=HitRateCurve(tuple(fractions), tuple(lru)),
-        lfu=HitRateCurve(tuple(fractions), tuple(lfu)),
+        lru=HitRateCurve(tuple(fractions), tuple(float(x) for x in lru)),
+        lfu=HitRateCurve(tuple(fractions), tuple(float(x) for x in lfu)),
     )
 
 

@@ -41,36 +41,56 @@ def fit_memory(
     Each swap frees bytes in the most over-full tier (relative to its size) at the least extra
     time per byte, without pushing another tier over: this is how tables move to a slower tier
     behind a cache, or to finer shards, only as far as memory forces. Packing may still fail
-    on fragmentation; callers retry with a smaller `fill`.
+    on fragmentation; callers retry with a smaller `fill`. Vectorised over every option of
+    every table, since a model may have thousands of each.
     """
     caps = rank_capacities(cluster).astype(np.float64) * cluster.world_size * fill
-    chosen = dict(chosen)
-    totals = {t: o.shard_bytes.sum(axis=0) for t, o in chosen.items()}
-    demand = sum(totals.values())
+    tables = list(options_by_table)
+    options = [o for t in tables for o in options_by_table[t]]
+    owner = np.repeat(np.arange(len(tables)), [len(options_by_table[t]) for t in tables])
+    sizes = np.array([o.shard_bytes.sum(axis=0) for o in options], dtype=np.float64)
+    times = np.array([o.total_ms for o in options])
+    position = {id(o): i for i, o in enumerate(options)}
+    current = np.array([position[id(chosen[t])] for t in tables])
+    demand = sizes[current].sum(axis=0)
     while True:
         over = (demand - caps) / np.maximum(caps, 1.0)
         tier = int(np.argmax(over))
         if over[tier] <= 0:
-            return chosen
-        best, best_key = None, None
-        for table, current in chosen.items():
-            have = totals[table]
-            for alt in options_by_table[table]:
-                alt_bytes = alt.shard_bytes.sum(axis=0)
-                saved = have[tier] - alt_bytes[tier]
-                if saved <= 0:
-                    continue
-                after = demand - have + alt_bytes
-                if np.any((after > caps) & (after > demand)):
-                    continue
-                key = ((alt.total_ms - current.total_ms) / saved, alt.total_ms, table)
-                if best_key is None or key < best_key:
-                    best, best_key = (table, alt, alt_bytes), key
-        if best is None:
-            return chosen  # nothing frees memory here; packing reports the tier that is short
-        table, alt, alt_bytes = best
-        demand = demand - totals[table] + alt_bytes
-        chosen[table], totals[table] = alt, alt_bytes
+            break
+        have = sizes[current[owner]]
+        saved = have[:, tier] - sizes[:, tier]
+        after = demand - have + sizes
+        usable = (saved > 0) & ~np.any((after > caps) & (after > demand), axis=1)
+        if not usable.any():
+            break  # nothing frees memory here; packing reports the tier that is short
+        cost = np.where(usable, (times - times[current[owner]]) / np.where(usable, saved, 1.0), np.inf)
+        best = int(np.lexsort((times, cost))[0])
+        table = owner[best]
+        demand = demand - sizes[current[table]] + sizes[best]
+        current[table] = best
+    return {t: options[current[i]] for i, t in enumerate(tables)}
+
+
+def relative_shard_size(option: ShardingOption, caps: np.ndarray) -> float:
+    """The option's largest shard as a fraction of a rank's room, in its fullest tier."""
+    return float(np.max(option.shard_bytes.max(axis=0) / np.maximum(caps, 1)))
+
+
+def split_stuck_table(chosen: dict[str, ShardingOption], options_by_table: Mapping[str, Sequence[ShardingOption]],
+                      table: str, cluster: ClusterSpec) -> bool:
+    """After `table` found no rank with room: switch it to the fastest option with smaller
+    shards and at most a quarter more bytes in any tier (row-wise instead of table-wise, say,
+    whose shards each add output buffers). False if none."""
+    caps = rank_capacities(cluster)
+    current = chosen[table]
+    size, total = relative_shard_size(current, caps), current.shard_bytes.sum(axis=0)
+    finer = [o for o in options_by_table[table]
+             if relative_shard_size(o, caps) < size and np.all(o.shard_bytes.sum(axis=0) <= 1.25 * total)]
+    if not finer:
+        return False
+    chosen[table] = min(finer, key=lambda o: (o.total_ms, relative_shard_size(o, caps)))
+    return True
 
 
 def _fits(loads: RankLoads, caps: np.ndarray, rank: int, shard_bytes: np.ndarray) -> bool:
@@ -85,10 +105,12 @@ def _no_room(option: ShardingOption, cluster: ClusterSpec) -> InfeasiblePlanErro
     tier = cluster.device_tier
     need = sum(s.storage.of_tier(tier) for s in option.shards)
     have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
-    return InfeasiblePlanError(
+    error = InfeasiblePlanError(
         f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left "
         f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank"
     )
+    error.table = option.table  # the warm start may split this table and try again
+    return error
 
 
 def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignment:
@@ -136,34 +158,49 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignme
         else:
             raise _no_room(option, cluster)
 
-    items = [
-        (-ms, option.table, i)
-        for option in by_kind[Placement.ANY_RANK]
-        for i, ms in enumerate(option.shard_ms.tolist())
-    ]
-    items.sort()
+    free = [(option, i) for option in by_kind[Placement.ANY_RANK] for i in range(len(option.shards))]
+    by_time = sorted(free, key=lambda item: (-item[0].shard_ms[item[1]], item[0].table, item[1]))
+    # when memory is tight, time order strands big shards; largest (relative to room) first then
+    by_size = sorted(free, key=lambda item: (-float(np.max(_shard_bytes(*item) / np.maximum(caps, 1))), item[0].table, item[1]))
+    placed, stuck = _least_loaded_with_room(by_time, loads, caps)
+    if placed is None:
+        placed, _ = _least_loaded_with_room(by_size, loads, caps)
+    if placed is None:
+        raise _no_room(stuck, cluster)
     for option in by_kind[Placement.ANY_RANK]:
         out.shard_ranks[option.table] = [-1] * len(option.shards)
-    heap = [(0.0 + loads.ms[r], r) for r in range(world)]
+    for (option, i), rank in placed:
+        out.shard_ranks[option.table][i] = rank
+    return out
+
+
+def _least_loaded_with_room(
+    order: list[tuple[ShardingOption, int]], loads: RankLoads, caps: np.ndarray
+) -> tuple[list[tuple[tuple[ShardingOption, int], int]] | None, ShardingOption | None]:
+    """Each shard in `order` onto the least-loaded rank with memory for it, updating `loads`.
+    Returns the placements, or (None, the option that found no room) leaving `loads` as it was."""
+    ms, used = loads.ms.copy(), loads.bytes.copy()
+    heap = [(float(ms[r]), r) for r in range(len(ms))]
     heapq.heapify(heap)
-    for neg_ms, table, i in items:
-        option = chosen[table]
+    placed = []
+    for option, i in order:
         need = _shard_bytes(option, i)
         skipped = []
         while heap:
-            ms, rank = heapq.heappop(heap)
-            if _fits(loads, caps, rank, need):
+            _, rank = heapq.heappop(heap)
+            if np.all(used[rank] + need <= caps):
                 break
-            skipped.append((ms, rank))
+            skipped.append((float(ms[rank]), rank))
         else:
-            raise _no_room(option, cluster)
-        out.shard_ranks[table][i] = rank
-        loads.ms[rank] -= neg_ms
-        loads.bytes[rank] += need
-        heapq.heappush(heap, (loads.ms[rank], rank))
+            return None, option
+        placed.append(((option, i), rank))
+        ms[rank] += option.shard_ms[i]
+        used[rank] += need
+        heapq.heappush(heap, (float(ms[rank]), rank))
         for entry in skipped:
             heapq.heappush(heap, entry)
-    return out
+    loads.ms[:], loads.bytes[:] = ms, used
+    return placed, None
 
 
 def _lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: np.ndarray) -> list[int] | None:

@@ -17,9 +17,9 @@ from planner.assignment import Assignment, RankLoads
 from planner.bounds import lower_bound_ms
 from planner.cpsat import class_model_size, joint_model_size, repair_placement, solve_class_model, solve_joint
 from planner.errors import ConfigError, InfeasiblePlanError
-from planner.greedy import choose_options, fit_memory, local_search, pack, refine_by_splitting
+from planner.greedy import choose_options, fit_memory, local_search, pack, refine_by_splitting, split_stuck_table
 from planner.specs import ClusterSpec
-from planner.types import ShardingOption
+from planner.types import TIERS, ShardingOption
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,41 @@ def _peak(assignment: Assignment, world: int) -> float:
     return float(RankLoads.of(assignment, world).ms.max())
 
 
+def _check_total_memory(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec) -> None:
+    """One line when even each table's smallest option overfills a tier of the whole cluster."""
+    cached = any(o.cache_fraction < 1 for opts in options_by_table.values() for o in opts)
+    for index, tier in enumerate(TIERS):
+        need = sum(min(int(o.shard_bytes[:, index].sum()) for o in opts) for opts in options_by_table.values())
+        have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
+        if need > have:
+            smallest = "each in its smallest option, caches at the smallest load factor" if cached else "each in its smallest option"
+            fix = "add ranks or memory, or allow smaller caches (tiering.load_factors)" if cached else "add ranks or memory per rank"
+            raise InfeasiblePlanError(f"the tables need at least {need:,} bytes of {tier} ({smallest}) but the cluster has {have:,}; {fix}")
+
+
+def _fitted(
+    options_by_table: Mapping[str, Sequence[ShardingOption]],
+    chosen: dict[str, ShardingOption],
+    cluster: ClusterSpec,
+    deadline_s: float,
+) -> Assignment | InfeasiblePlanError:
+    """`chosen` made to fit memory, then placed and refined. Swaps options until each tier's
+    total fits (filling less of it on each retry), and splits the tables that still find no
+    rank with room; the error of the last try if nothing fits."""
+    error = None
+    for fill in (0.95, 0.85, 0.7):
+        fitted = fit_memory(chosen, options_by_table, cluster, fill)
+        for _ in range(len(fitted)):
+            try:
+                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s)
+            except InfeasiblePlanError as e:
+                error = e
+                stuck = getattr(e, "table", None)
+                if stuck is None or not split_stuck_table(fitted, options_by_table, stuck, cluster):
+                    break
+    return error
+
+
 def warm_start(
     options_by_table: Mapping[str, Sequence[ShardingOption]],
     cluster: ClusterSpec,
@@ -72,18 +107,13 @@ def warm_start(
     """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
     local search and splitting of the tables on the busiest rank. Each cap gets an equal
     share of the time; when memory is tight, packing is retried with less of it filled."""
+    _check_total_memory(options_by_table, cluster)
     best, best_peak, first_error = None, math.inf, None
     for i, frac in enumerate(caps):
         share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
-        candidate = None
-        for fill in (0.95, 0.85, 0.7):
-            chosen = fit_memory(choose_options(options_by_table, frac * bound_ms), options_by_table, cluster, fill)
-            try:
-                candidate = refine_by_splitting(options_by_table, chosen, cluster, share)
-                break
-            except InfeasiblePlanError as e:
-                first_error = first_error or e
-        if candidate is None:
+        candidate = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
+        if isinstance(candidate, InfeasiblePlanError):
+            first_error = first_error or candidate
             continue
         peak = _peak(candidate, cluster.world_size)
         if peak < best_peak - 1e-12:

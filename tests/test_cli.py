@@ -35,7 +35,7 @@ def test_infeasible_plan_is_one_line_and_exit_2(tmp_path: Path):
     r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "2", "--hbm-gb", "1", "--out", str(out))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: table 'cat_") and "bytes" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: the tables need at least") and "bytes of hbm" in lines[0]
     assert not out.exists()
 
 
