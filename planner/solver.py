@@ -83,7 +83,10 @@ def _fitted(
     """`chosen` made to fit memory, then placed and refined. Swaps options until each tier's
     total fits (filling less of it on each retry), and splits the tables that still find no
     rank with room; the error of the last try if nothing fits."""
-    error = None
+    try:  # the fastest choice, when it fits as it is
+        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s)
+    except InfeasiblePlanError as e:
+        error = e
     for fill in (0.95, 0.85, 0.7):
         fitted = fit_memory(chosen, options_by_table, cluster, fill)
         for _ in range(len(fitted)):
@@ -105,8 +108,8 @@ def warm_start(
     deadline_s: float,
 ) -> Assignment:
     """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
-    local search and splitting of the tables on the busiest rank. Each cap gets an equal
-    share of the time; when memory is tight, packing is retried with less of it filled."""
+    local search and splitting of the tables on the busiest rank, and of the smallest shards
+    everywhere. Each cap gets an equal share of the time."""
     _check_total_memory(options_by_table, cluster)
     best, best_peak, first_error = None, math.inf, None
     for i, frac in enumerate(caps):
@@ -118,13 +121,17 @@ def warm_start(
         peak = _peak(candidate, cluster.world_size)
         if peak < best_peak - 1e-12:
             best, best_peak = candidate, peak
-    if best is None:
-        # The greedy choices favour speed; before giving up, try the smallest shards everywhere.
-        try:
-            smallest = {t: min(opts, key=lambda o: (o.shard_bytes.max(), o.total_ms)) for t, opts in options_by_table.items()}
-            return local_search(pack(smallest, cluster), cluster)
-        except InfeasiblePlanError:
+    # The greedy choices favour speed; the smallest shards everywhere (tables split rather
+    # than cached) sometimes fit better when memory is tight, and are the last resort.
+    smallest = {t: min(opts, key=lambda o: (o.shard_bytes.max(), o.total_ms)) for t, opts in options_by_table.items()}
+    try:
+        candidate = local_search(pack(smallest, cluster), cluster)
+    except InfeasiblePlanError:
+        if best is None:
             raise first_error from None
+    else:
+        if _peak(candidate, cluster.world_size) < best_peak - 1e-12:
+            best = candidate
     return best
 
 
