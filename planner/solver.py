@@ -79,25 +79,26 @@ def _fitted(
     chosen: dict[str, ShardingOption],
     cluster: ClusterSpec,
     deadline_s: float,
-) -> Assignment | InfeasiblePlanError:
+) -> tuple[Assignment | InfeasiblePlanError, bool]:
     """`chosen` made to fit memory, then placed and refined. Swaps options until each tier's
     total fits (filling less of it on each retry), and splits the tables that still find no
-    rank with room; the error of the last try if nothing fits."""
+    rank with room; the error of the last try if nothing fits. Also says whether memory was
+    tight (`chosen` did not fit as it was)."""
     try:  # the fastest choice, when it fits as it is
-        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s)
+        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s), False
     except InfeasiblePlanError as e:
         error = e
     for fill in (0.95, 0.85, 0.7):
         fitted = fit_memory(chosen, options_by_table, cluster, fill)
         for _ in range(len(fitted)):
             try:
-                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s)
+                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s), True
             except InfeasiblePlanError as e:
                 error = e
                 stuck = getattr(e, "table", None)
                 if stuck is None or not split_stuck_table(fitted, options_by_table, stuck, cluster):
                     break
-    return error
+    return error, True
 
 
 def warm_start(
@@ -111,16 +112,19 @@ def warm_start(
     local search and splitting of the tables on the busiest rank, and of the smallest shards
     everywhere. Each cap gets an equal share of the time."""
     _check_total_memory(options_by_table, cluster)
-    best, best_peak, first_error = None, math.inf, None
+    best, best_peak, first_error, tight = None, math.inf, None, False
     for i, frac in enumerate(caps):
         share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
-        candidate = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
+        candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
+        tight = tight or squeezed
         if isinstance(candidate, InfeasiblePlanError):
             first_error = first_error or candidate
             continue
         peak = _peak(candidate, cluster.world_size)
         if peak < best_peak - 1e-12:
             best, best_peak = candidate, peak
+    if not tight:
+        return best
     # The greedy choices favour speed; the smallest shards everywhere (tables split rather
     # than cached) sometimes fit better when memory is tight, and are the last resort.
     smallest = {t: min(opts, key=lambda o: (o.shard_bytes.max(), o.total_ms)) for t, opts in options_by_table.items()}
