@@ -285,10 +285,11 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
     return {"step_overhead_ms": float(x[0]), "table_overhead_ms": float(x[1]), "input_id_ns": float(x[2])}
 
 
-def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 200_000, batches: int = 30) -> list[dict]:
-    """Time per cache miss of a table kept on SSD (dlrm_scale.tiering: row cache in front of
-    the log-structured file store in `directory`), with uniform ids so nearly every row misses
-    once the cache is full; one sample per embedding dim."""
+def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20) -> list[dict]:
+    """Times of a table kept on SSD (dlrm_scale.tiering: row cache in front of the
+    log-structured file store in `directory`), one sample per embedding dim: batches of
+    uniform ids, nearly all missing once the cache is full, and the last batch again, all hits
+    (the cost every id pays)."""
     import tempfile
 
     from dlrm_scale.row_cache import SetAssociativeCache
@@ -300,30 +301,38 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
         with tempfile.TemporaryDirectory(dir=directory) as d:
             store = FileRowStore(rows, dim, 1, Path(d) / "rows.f32")
             store.initialise(torch.Generator().manual_seed(0), 0.01)
-            cache_rows = rows // 10
+            cache_rows, batch = rows // 10, rows // 40
             shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
                                 SetAssociativeCache(cache_rows, rows), None)
             g = torch.Generator().manual_seed(1)
             for _ in range(5):  # fill the cache first: then every miss also evicts and writes back
-                shard.install(torch.randint(0, rows, (cache_rows // 4,), generator=g), training=True)
+                shard.install(torch.randint(0, rows, (batch,), generator=g), training=True)
             misses, start = shard.cache.counters.misses, time.perf_counter()
             for _ in range(batches):
-                shard.install(torch.randint(0, rows, (cache_rows // 4,), generator=g), training=True)
+                ids = torch.randint(0, rows, (batch,), generator=g)
+                shard.install(ids, training=True)
             seconds = time.perf_counter() - start
-            samples.append({"dim": dim, "misses": shard.cache.counters.misses - misses, "seconds": seconds})
+            start = time.perf_counter()
+            for _ in range(batches):
+                shard.install(ids, training=True)
+            samples.append({"dim": dim, "ids": batches * batch, "misses": shard.cache.counters.misses - misses, "seconds": seconds,
+                            "hit_seconds": time.perf_counter() - start})
             store.close()
     return samples
 
 
 def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
-    """ssd_gb_per_s and ssd_latency_us of planner.cost_model.cache_miss_ms from per-miss times
-    at two row widths (the width-dependent part is bandwidth, the rest latency)."""
+    """cache_id_ns from the all-hit batches, then ssd_gb_per_s and ssd_latency_us of
+    planner.cost_model.cache_miss_ms from what misses add, at two row widths (the
+    width-dependent part is bandwidth, the rest latency)."""
     from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 
+    per_id_s = float(np.mean([s["hit_seconds"] / s["ids"] for s in samples]))
     a = np.array([[2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer)), 2.0] for s in samples])
-    b = np.array([s["seconds"] / s["misses"] * 1e6 for s in samples])  # us per miss
+    b = np.array([(s["seconds"] - s["ids"] * per_id_s) / s["misses"] * 1e6 for s in samples])  # us per miss
     per_byte_us, latency_us = nonnegative_lstsq(a, b)
-    return {"ssd_gb_per_s": float(1e-3 / per_byte_us) if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us)}
+    return {"ssd_gb_per_s": float(1e-3 / per_byte_us) if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us),
+            "cache_id_ns": per_id_s * 1e9}
 
 
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:

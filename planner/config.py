@@ -52,6 +52,7 @@ PROFILE_KEYS = {
     "table_overhead_ms": "table_overhead_ms",
     "ddr_latency_us": "ddr_latency_us",
     "ssd_latency_us": "ssd_latency_us",
+    "cache_id_ns": "cache_id_ns",
     "source": None,
     "calibrated": None,
 }

@@ -121,6 +121,13 @@ def cache_miss_ms(misses: float, cols: int, optimizer: str, tier_gb_per_s: float
     return transfer_ms(2 * misses * row_bytes, tier_gb_per_s) + 2 * misses * latency_us * 1e-3
 
 
+def cache_lookup_ms(num_lookups: float, per_id_ns: float) -> float:
+    """Finding every id of a cached shard in its cache (deduplicating the batch, mapping rows
+    to slots), hit or miss: a fixed cost per id. Nearly free inside FBGEMM's GPU kernels, a
+    host-side pass over the ids on a CPU."""
+    return num_lookups * per_id_ns * 1e-6
+
+
 def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float, per_weight_ns: float = 0.0) -> float:
     """Optimizer step of a data-parallel replica: every row and its state read and written,
     plus a fixed cost per weight (on a CPU the unfused optimizer's several passes over a
@@ -257,6 +264,7 @@ class AnalyticCostModel:
         if req.cached:  # rows are made resident before the lookup
             misses = lookups * req.unique_ratio * (1.0 - req.hit_rate)
             fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.tier_gb_per_s(req.tier), cl.tier_latency_us(req.tier))
+            fwd_compute += cache_lookup_ms(lookups, cl.cache_id_ns)
         bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch, cl.lookup_bwd_ns)
         if st is ShardingType.DATA_PARALLEL:
             bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw, cl.dense_update_ns)

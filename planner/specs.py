@@ -105,6 +105,7 @@ class ClusterSpec:
     table_overhead_ms: float = 0.0  # the same per embedding table (input splitting, bookkeeping)
     ddr_latency_us: float = 0.0  # per row fetched from the tier, amortised over its parallel requests
     ssd_latency_us: float = 0.0
+    cache_id_ns: float = 0.0  # host work per id looked up in a cached table (dedup, slot lookup; CPU)
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -127,7 +128,7 @@ class ClusterSpec:
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "input_id_ns", "dense_update_ns", "dense_gflops",
-                     "step_overhead_ms", "table_overhead_ms", "ddr_latency_us", "ssd_latency_us"):
+                     "step_overhead_ms", "table_overhead_ms", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigError(f"{owner}: '{name}' must be >= 0")

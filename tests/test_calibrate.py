@@ -42,14 +42,17 @@ def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
     from dlrm_scale.calibrate import fit_store
     from planner.cost_model import cache_miss_ms
 
-    samples = [{"dim": d, "misses": 1000, "seconds": cache_miss_ms(1000, d, "rowwise_adagrad", 0.8, 0.3) / 1e3} for d in (16, 128)]
+    # 4000 ids at 250 ns each, 1000 of them missing
+    samples = [{"dim": d, "ids": 4000, "misses": 1000, "hit_seconds": 4000 * 250e-9,
+                "seconds": 4000 * 250e-9 + cache_miss_ms(1000, d, "rowwise_adagrad", 0.8, 0.3) / 1e3} for d in (16, 128)]
     fitted = fit_store(samples, "rowwise_adagrad")
     assert fitted["ssd_gb_per_s"] == pytest.approx(0.8) and fitted["ssd_latency_us"] == pytest.approx(0.3)
+    assert fitted["cache_id_ns"] == pytest.approx(250.0)
 
 
 def test_store_miss_samples_time_real_misses(tmp_path):
     from dlrm_scale.calibrate import store_miss_samples
 
     samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
-    assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > 0  # uniform ids: nearly all of 3 x 500 miss
+    assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0  # uniform ids: nearly all miss
     assert not list(tmp_path.iterdir())  # its files are gone
