@@ -304,7 +304,7 @@ class TieredEmbeddings:
         self.shards: dict[tuple[str, int], TieredShard] = {}  # (table, col_offset) -> shard
         self._groups: dict[int, _TBEGroup] = {}
         self._hooks = []
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="row-prefetch")
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="row-prefetch") if runtime.prefetch_thread else None
         for module in embedding_kernels(model):
             self._attach(module)
         missing = [(n, s.col_offset) for n, t in plan.tables.items() if t.cached
@@ -332,7 +332,7 @@ class TieredEmbeddings:
             gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
             store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
-            shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader if self.runtime.prefetch_thread else None)
+            shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
             shards[j] = self.shards[(table.name, col)] = shard
         if shards:
             group = _TBEGroup(tbe, shards)
@@ -391,7 +391,8 @@ class TieredEmbeddings:
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
-        self._reader.shutdown(wait=True)
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
         for s in self.shards.values():
             s.store.close()
 

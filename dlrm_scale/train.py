@@ -52,6 +52,7 @@ class TrainConfig:
     pipeline: bool = True
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
+    prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):

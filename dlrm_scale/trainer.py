@@ -99,7 +99,8 @@ class Trainer:
         self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
-            runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed)
+            runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed,
+                                     prefetch_thread=config.prefetch_thread)
             self.tiered = TieredEmbeddings(self.model, plan, rank, runtime)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         dense = KeyedOptimizerWrapper(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 import torch
 
 from dlrm_scale.row_cache import SetAssociativeCache
@@ -32,12 +35,12 @@ def test_store_directory_check_passes_for_a_writable_directory_with_room(tmp_pat
     assert not list(tmp_path.iterdir())  # the probe file is gone
 
 
-def shard(rows=1000, cache_rows=64, cols=4):
+def shard(rows=1000, cache_rows=64, cols=4, reader=None):
     weights, momentum = torch.zeros(cache_rows, cols), torch.zeros(cache_rows)
     store = MemoryRowStore(rows, cols, 1)
     store.fill(0, torch.cat([torch.arange(rows, dtype=torch.float32)[:, None].expand(rows, cols),
                              torch.zeros(rows, 1)], 1))
-    return TieredShard("t", weights, [momentum], store, SetAssociativeCache(cache_rows, rows, 4), None), weights, momentum
+    return TieredShard("t", weights, [momentum], store, SetAssociativeCache(cache_rows, rows, 4), reader), weights, momentum
 
 
 def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction():
@@ -58,8 +61,9 @@ def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction()
     assert s.counters.written_back_rows > 0
 
 
-def test_prefetched_rows_are_used_and_never_stale():
-    s, weights, _ = shard(cache_rows=256)
+@pytest.mark.parametrize("threaded", [False, True])
+def test_prefetched_rows_are_used_and_never_stale(threaded):
+    s, weights, _ = shard(cache_rows=256, reader=ThreadPoolExecutor(1) if threaded else None)
     first = torch.arange(0, 50)
     s.install(first, training=True)
     weights[s.cache.lookup(first)] += 100.0  # the batch updates its rows
