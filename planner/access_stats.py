@@ -272,7 +272,7 @@ def load_stats(path: str | Path) -> dict[str, TableAccess]:
                 lfu=HitRateCurve(fractions, tuple(float(x) for x in t["lfu_hit_rate"])),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"stats file {path}: table '{name}' has a missing or malformed field ({e}); re-run 'dlrm-scale profile'") from None
+            raise ConfigError(f"stats file {path}: table {name!r} has a missing or malformed field ({e}); re-run 'dlrm-scale profile'") from None
         except ConfigError as e:
-            raise ConfigError(f"stats file {path}: table '{name}': {e}") from None
+            raise ConfigError(f"stats file {path}: table {name!r}: {e}") from None
     return out

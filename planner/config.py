@@ -85,7 +85,7 @@ def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
-            raise ConfigError(f"{where}: unknown key '{key}'; {hint}")
+            raise ConfigError(f"{where}: unknown key {str(key)!r}; {hint}")  # repr: a key may hold a newline
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
@@ -257,5 +257,5 @@ def load_problem(
         names = {t.name for t in tables}
         unknown = sorted(set(access) - names)
         if unknown:
-            raise ConfigError(f"stats file {stats_path} describes table '{unknown[0]}' that the config does not have; profile this config")
+            raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
     return PlanningProblem(tuple(tables), cluster, training, tiering, access)

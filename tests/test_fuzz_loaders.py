@@ -1,10 +1,13 @@
-"""Config and plan loaders never end in a traceback: any input is a spec/plan or a PlannerError."""
+"""Config, plan and stats loaders never end in a traceback: any input is a spec/plan or a PlannerError.
+
+Derandomized, so CI sees the same examples every run; vary --hypothesis-seed by hand to explore."""
 
 import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.access_stats import load_stats
 from planner.config import load_problem, load_tables_csv
 from planner.errors import PlannerError
 from planner.plan import Plan
@@ -16,7 +19,7 @@ keys = st.sampled_from(["hardware", "cluster", "training", "tables", "tables_csv
 configs = st.dictionaries(keys, values, max_size=6)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=st.one_of(configs, values))
 def test_config_loader_gives_a_problem_or_a_planner_error(tmp_path, doc):
     path = tmp_path / "c.yaml"
@@ -27,7 +30,7 @@ def test_config_loader_gives_a_problem_or_a_planner_error(tmp_path, doc):
         assert "\n" not in str(e)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=200))
 def test_csv_loader_gives_tables_or_a_planner_error(tmp_path, text):
     path = tmp_path / "t.csv"
@@ -40,17 +43,35 @@ def test_csv_loader_gives_tables_or_a_planner_error(tmp_path, text):
 
 shard = st.fixed_dictionaries({k: st.one_of(st.integers(-2, 50), st.text(max_size=3)) for k in ("rank", "row_offset", "col_offset", "rows", "cols")}) | st.dictionaries(st.text(max_size=5), scalars)
 table = st.fixed_dictionaries({"sharding_type": st.sampled_from(["table_wise", "row_wise", "data_parallel", "bogus"]),
-                               "compute_kernel": st.sampled_from(["fused", "dense", "x"]),
-                               "shards": st.lists(shard, max_size=3)})
+                               "compute_kernel": st.sampled_from(["fused", "dense", "x", "key_value", "fused_uvm_caching"]),
+                               "shards": st.lists(shard, max_size=3)},
+                              optional={"cache_load_factor": scalars})
 plans = st.fixed_dictionaries({"schema": st.sampled_from(["dlrm-scale/plan/v1", "v0"]), "world_size": st.integers(-1, 8),
                                "ranks_per_node": st.integers(-1, 8), "tables": st.dictionaries(st.text(max_size=4), table, max_size=3),
                                "ranks": st.lists(st.dictionaries(st.text(max_size=6), scalars, max_size=3), max_size=2)})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(doc=st.one_of(plans, values))
 def test_plan_loader_gives_a_plan_or_a_planner_error(doc):
     try:
         Plan.from_dict(doc)
+    except PlannerError as e:
+        assert "\n" not in str(e)
+
+
+stats_table = st.fixed_dictionaries({}, optional={k: values for k in ("batch_size", "pooling_factor", "distinct_ids", "unique_ids_per_batch",
+                                                                         "cache_fractions", "lru_hit_rate", "lfu_hit_rate")})
+stats_docs = st.fixed_dictionaries({"schema": st.sampled_from(["dlrm-scale/stats/v1", "v0"]),
+                                    "tables": st.dictionaries(st.text(max_size=4), st.one_of(stats_table, values), max_size=3)})
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.one_of(stats_docs, values))
+def test_stats_loader_gives_statistics_or_a_planner_error(tmp_path, doc):
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(doc))
+    try:
+        load_stats(path)
     except PlannerError as e:
         assert "\n" not in str(e)
