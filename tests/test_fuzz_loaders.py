@@ -1,6 +1,6 @@
 """Config, plan and stats loaders never end in a traceback: any input is a spec/plan or a PlannerError.
 
-Derandomized, so CI sees the same examples every run; vary --hypothesis-seed by hand to explore."""
+Derandomized, so CI sees the same examples every run; set derandomize=False locally to explore."""
 
 import json
 
