@@ -4,13 +4,14 @@ FBGEMM's caching kernels (`fused_uvm_caching`, `key_value`) are CUDA-only, so on
 table is trained like this:
 - TorchRec shards a *resident* table of the plan's cache rows (`resident_plan`), computed
   with the ordinary fused TBE kernel and its fused optimizer;
-- the logical rows and their optimizer state live in a row store (`dlrm_scale.row_store`: a host tensor or
-  memory-mapped file), one per shard this rank holds;
+- the logical rows and their optimizer state live in a row store (`dlrm_scale.row_store`: a
+  host tensor, or memory-mapped files), one per shard this rank holds;
 - a forward pre-hook on the TBE maps each batch's ids to cache slots (`TieredShard.install`),
   first writing evicted dirty rows back and loading missed ones, so the TBE and its fused
   optimizer only ever see resident slots;
-- with the pipeline, the next batch's missed rows are read in a background thread while the
-  current batch trains (`PrefetchingPipeline`).
+- with the pipeline, the next batch's missed rows are read as soon as its ids reach this
+  rank, while the current batch trains (`PrefetchingPipeline`; in a background thread with
+  `TieringRuntime.prefetch_thread`).
 TorchRec routes ids to shards before the hook sees them, so ids are never rewritten across
 ranks; row-wise schemes, which bucketize ids by the rows TorchRec holds, cannot be cached here.
 """
