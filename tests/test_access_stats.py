@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from planner.access_stats import (
-    HitRateCurve, lfu_ranks, load_stats, lru_positions, save_stats, trace_access, zipf_access,
+    HitRateCurve, lfu_hit_rate, lfu_ranks, load_stats, lru_positions, save_stats, trace_access, zipf_access,
 )
 from planner.errors import ConfigError
 
@@ -36,15 +36,20 @@ def brute_lru_hits(batches, cache_rows):
 
 
 def brute_lfu_hits(batches, cache_rows):
-    """LFU as the profile defines it: the cache holds the rows requested most often so far,
-    ties to the most recent."""
-    count, last, hits, scored = {}, {}, 0, 0
+    """LFU as the profile defines it, one row per batch: the cache holds the row the previous
+    batch missed (always admitted) and, beside it, the rows requested most often so far (ties
+    to the most recent). Scored from the second half of the trace on."""
+    count, last, hits, scored, admitted = {}, {}, 0, 0, []
+    start = len(batches) // 2 - 1
     for t, b in enumerate(batches):
         x = int(b[0])
-        if t >= len(batches) // 2:
+        top = sorted(count, key=lambda r: (-count[r], -last[r]))[: cache_rows - len(admitted)]
+        hit = x in top or x in admitted
+        if t > start:
             scored += 1
-            top = sorted(count, key=lambda r: (-count[r], -last[r]))[:cache_rows]
-            hits += x in top
+            hits += hit
+        if t >= start:
+            admitted = [] if hit else [x]
         count[x] = count.get(x, 0) + 1
         last[x] = t
     return hits / scored
@@ -60,8 +65,7 @@ def test_lru_stack_distances_equal_a_replayed_lru_when_batches_hold_one_id(cache
 @pytest.mark.parametrize("cache_rows", [1, 3, 10, 40])
 def test_lfu_ranks_equal_a_replayed_lfu_when_batches_hold_one_id(cache_rows):
     batches = [b[:1] for b in zipf_batches(60, 0.9, 1, 300, seed=cache_rows)]
-    ranks, scored = lfu_ranks(batches)
-    assert np.sum(ranks <= cache_rows) / scored == pytest.approx(brute_lfu_hits(batches, cache_rows))
+    assert lfu_hit_rate(lfu_ranks(batches), cache_rows) == pytest.approx(brute_lfu_hits(batches, cache_rows))
 
 
 def test_curves_rise_with_cache_size_and_skew():
