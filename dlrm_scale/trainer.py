@@ -11,7 +11,6 @@ import torch
 from tqdm import tqdm
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
-from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -24,6 +23,7 @@ from dlrm_scale.comm_meter import CommMeter
 from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
+from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
 from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
@@ -49,7 +49,6 @@ class TrainingError(PlannerError):
 
 NO_BAD_STEP = 2**62
 
-COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16, "int8": CommType.INT8}
 EVAL_SEED_OFFSET = 1_000_003
 
 
@@ -57,12 +56,10 @@ def embedding_optimizer(name: str):
     return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
 
 
-def sharder_for(fwd: str, bwd: str, store_dir: str | None = None) -> WideEmbeddingBagCollectionSharder:
-    """The sharder: quantized comms when asked; on CUDA, FBGEMM's SSD kernel (`key_value`)
-    keeps its files in `store_dir`."""
-    registry = None
-    if (fwd, bwd) != ("fp32", "fp32"):
-        registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=COMM_TYPES[fwd], backward_precision=COMM_TYPES[bwd]))
+def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
+    """The sharder: quantized comms when asked (dlrm_scale.qcomms); on CUDA, FBGEMM's SSD
+    kernel (`key_value`) keeps its files in `store_dir`."""
+    registry = qcomm_codecs_registry(fwd, bwd, shard_widths)
     fused = {"ssd_storage_directory": store_dir} if store_dir else None
     return WideEmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=registry)
 
@@ -82,7 +79,8 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
         model,
         device=device,
         plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH),
-        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, store_dir if device.type == "cuda" else None)],
+        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, store_dir if device.type == "cuda" else None,
+                              tuple(s.cols for t in plan.tables.values() for s in t.shards))],
     )
 
 
