@@ -73,6 +73,14 @@ class TableAccess:
 
 
 # ---- from a trace ----------------------------------------------------------------------------
+def distinct_rows(batches: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each batch's distinct ids, renumbered 0..R-1 over the whole trace (R distinct ids):
+    the form the replays below index their per-row state with."""
+    uniques = [np.unique(b) for b in batches]
+    _, inverse = np.unique(np.concatenate(uniques), return_inverse=True)
+    return np.split(inverse, np.cumsum([len(u) for u in uniques])[:-1])
+
+
 def lru_positions(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
     """LRU stack position of every row request of the scored (second) half of the trace.
 
@@ -80,17 +88,14 @@ def lru_positions(batches: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
     last requested in batches t'+1..t-1; rows last requested in batch t' itself tie with it,
     so it is put in the middle of them. A cache of C rows serves it iff position <= C. First
     requests get +inf. Batch-granular stack distances in O(T^2 + N), with T batches.
-    Returns the positions and the number of scored requests.
+    `batches` holds each batch's distinct rows (`distinct_rows`). Returns the positions and
+    the number of scored requests.
     """
-    uniques = [np.unique(b) for b in batches]
-    _, inverse = np.unique(np.concatenate(uniques), return_inverse=True)
-    last = np.full(int(inverse.max()) + 1 if len(inverse) else 0, -1, dtype=np.int64)
+    last = np.full(max((int(b.max()) + 1 for b in batches if len(b)), default=0), -1, dtype=np.int64)
     alive = np.zeros(len(batches), dtype=np.int64)  # rows whose latest request is in batch t
     scored_from = len(batches) // 2
-    positions, scored, start = [], 0, 0
-    for t, u in enumerate(uniques):
-        rows = inverse[start:start + len(u)]
-        start += len(u)
+    positions, scored = [], 0
+    for t, rows in enumerate(batches):
         prev = last[rows]
         seen = prev >= 0
         if t >= scored_from:
@@ -115,19 +120,16 @@ def lfu_ranks(batches: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarra
     requested rows) broken by recency, the most recent first: rows with a higher count, plus
     the row's place among rows of equal count by the batch they were last requested in. Rows
     never requested get +inf. Counts are small integers, so a histogram over (count, last
-    batch) gives ranks in O(T^2 + N) for T batches.
+    batch) gives ranks in O(T^2 + N) for T batches. `batches` holds each batch's distinct
+    rows (`distinct_rows`).
     """
-    uniques = [np.unique(b) for b in batches]
-    _, inverse = np.unique(np.concatenate(uniques), return_inverse=True)
-    n_rows = int(inverse.max()) + 1 if len(inverse) else 0
+    n_rows = max((int(b.max()) + 1 for b in batches if len(b)), default=0)
     count = np.zeros(n_rows, dtype=np.int64)
     last = np.full(n_rows, -1, dtype=np.int64)
     T = len(batches)
     hist = np.zeros((T + 1, T), dtype=np.int64)  # rows with count c last requested in batch t
-    out, start = [], 0
-    for t, u in enumerate(uniques):
-        rows = inverse[start:start + len(u)]
-        start += len(u)
+    out = []
+    for t, rows in enumerate(batches):
         c, l = count[rows], last[rows]
         seen = c > 0
         if t >= T // 2 - 1:
@@ -166,19 +168,19 @@ def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_
     if len(batches) < 2:
         raise ConfigError(f"table '{name}': a profile needs at least 2 batches, got {len(batches)}")
     sizes = [max(1, math.ceil(f * num_rows)) for f in fractions]
-    positions, scored = lru_positions(batches)
+    rows = distinct_rows(batches)
+    positions, scored = lru_positions(rows)
     lru = [float(np.sum(positions <= c)) / scored if scored else 0.0 for c in sizes]
-    ranked = lfu_ranks(batches)
+    ranked = lfu_ranks(rows)
     # admitting every miss can cost a tiny cache a hair of hit rate as it grows; keep the
     # curve monotone, as the planner reads it
     lfu = np.maximum.accumulate([lfu_hit_rate(ranked, c) for c in sizes]).tolist()
-    all_ids = np.concatenate(batches)
     return TableAccess(
         name=name,
         batch_size=batch_size,
-        pooling_factor=len(all_ids) / (batch_size * len(batches)),
-        distinct_ids=int(len(np.unique(all_ids))),
-        unique_ids_per_batch=float(np.mean([len(np.unique(b)) for b in batches])),
+        pooling_factor=sum(len(b) for b in batches) / (batch_size * len(batches)),
+        distinct_ids=max((int(r.max()) + 1 for r in rows if len(r)), default=0),
+        unique_ids_per_batch=float(np.mean([len(r) for r in rows])),
         lru=HitRateCurve(tuple(fractions), tuple(lru)),
         lfu=HitRateCurve(tuple(fractions), tuple(lfu)),
     )
