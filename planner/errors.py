@@ -10,7 +10,12 @@ class ConfigError(PlannerError):
 
 
 class InfeasiblePlanError(PlannerError):
-    """No placement satisfies every memory capacity."""
+    """No placement satisfies every memory capacity. `table`, when known, is the table that
+    found no room (the planner may split it and try again)."""
+
+    def __init__(self, message: str, table: str | None = None) -> None:
+        super().__init__(message)
+        self.table = table
 
 
 class PlanFormatError(PlannerError):

@@ -105,12 +105,11 @@ def _no_room(option: ShardingOption, cluster: ClusterSpec) -> InfeasiblePlanErro
     tier = cluster.device_tier
     need = sum(s.storage.of_tier(tier) for s in option.shards)
     have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
-    error = InfeasiblePlanError(
+    return InfeasiblePlanError(
         f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left "
-        f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank"
+        f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank",
+        table=option.table,
     )
-    error.table = option.table  # the warm start may split this table and try again
-    return error
 
 
 def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignment:
@@ -160,10 +159,9 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignme
 
     free = [(option, i) for option in by_kind[Placement.ANY_RANK] for i in range(len(option.shards))]
     by_time = sorted(free, key=lambda item: (-item[0].shard_ms[item[1]], item[0].table, item[1]))
-    # when memory is tight, time order strands big shards; largest (relative to room) first then
-    by_size = sorted(free, key=lambda item: (-float(np.max(_shard_bytes(*item) / np.maximum(caps, 1))), item[0].table, item[1]))
     placed, stuck = _least_loaded_with_room(by_time, loads, caps)
-    if placed is None:
+    if placed is None:  # time order strands big shards when memory is tight: largest (relative to room) first
+        by_size = sorted(free, key=lambda item: (-float(np.max(_shard_bytes(*item) / np.maximum(caps, 1))), item[0].table, item[1]))
         placed, _ = _least_loaded_with_room(by_size, loads, caps)
     if placed is None:
         raise _no_room(stuck, cluster)

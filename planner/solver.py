@@ -95,8 +95,7 @@ def _fitted(
                 return refine_by_splitting(options_by_table, fitted, cluster, deadline_s), True
             except InfeasiblePlanError as e:
                 error = e
-                stuck = getattr(e, "table", None)
-                if stuck is None or not split_stuck_table(fitted, options_by_table, stuck, cluster):
+                if e.table is None or not split_stuck_table(fitted, options_by_table, e.table, cluster):
                     break
     return error, True
 
