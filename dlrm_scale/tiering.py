@@ -33,13 +33,14 @@ from torchrec.distributed.types import NoWait
 
 from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.row_store import FileRowStore, MemoryRowStore
+from planner.candidates import CACHEABLE
 from planner.cost_model import optimizer_state_bytes
 from planner.errors import ConfigError
 from planner.plan import Plan, PlannedShard, TablePlan
 from planner.specs import TableSpec
 
 CACHE_WAYS = 32  # as FBGEMM's set-associative caches
-CPU_CACHEABLE = ("table_wise", "column_wise", "table_column_wise")
+CPU_CACHEABLE = tuple(st.value for st in CACHEABLE["cpu"])  # what the planner offers on CPU
 FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)
 
 
@@ -120,7 +121,7 @@ class TieredShard:
     store behind them."""
 
     def __init__(self, name: str, weights: torch.Tensor, states: list[torch.Tensor], store: MemoryRowStore,
-                 cache: SetAssociativeCache, reader: ThreadPoolExecutor) -> None:
+                 cache: SetAssociativeCache, reader: ThreadPoolExecutor | None) -> None:
         self.name = name
         self.weights, self.states = weights, states
         self.store, self.cache = store, cache
@@ -256,7 +257,7 @@ class _TBEGroup:
     """The cached tables of one TBE, and the hook that maps their ids to cache slots."""
 
     def __init__(self, tbe: torch.nn.Module, shards: dict[int, TieredShard]) -> None:
-        self.tbe, self.shards = tbe, shards
+        self.shards = shards
         self.feature_table_map = list(tbe.feature_table_map)
 
     def _segments(self, offsets: torch.Tensor, table: int) -> list[tuple[int, int]]:
@@ -300,8 +301,9 @@ class TieringRuntime:
 class TieredEmbeddings:
     """Attaches a store and a cache to every cached shard of a sharded model on this rank."""
 
-    def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime) -> None:
-        self.plan, self.rank, self.runtime = plan, rank, runtime
+    def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime, initialise: bool = True) -> None:
+        """`initialise` False leaves the stores unwritten: a checkpoint is about to fill them."""
+        self.plan, self.rank, self.runtime, self._initialise = plan, rank, runtime, initialise
         self.shards: dict[tuple[str, int], TieredShard] = {}  # (table, col_offset) -> shard
         self._groups: dict[int, _TBEGroup] = {}
         self._hooks = []
@@ -330,8 +332,9 @@ class TieredEmbeddings:
                 store = FileRowStore(tp.num_embeddings, planned.cols, state_cols, store_file(self.runtime.store_dir, table.name, planned))
             else:
                 store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
-            gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
-            store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
+            if self._initialise:
+                gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
+                store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
             shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
             shards[j] = self.shards[(table.name, col)] = shard
@@ -375,14 +378,17 @@ class TieredEmbeddings:
             s.flush()
 
     # checkpoints hold a copy of every store, taken after the caches are written back
+    def _checkpoint_file(self, checkpoint_dir: Path, name: str, col: int) -> Path:
+        return checkpoint_dir / f"tiered.{name}.cols{col}.rank{self.rank}.f32"
+
     def save(self, checkpoint_dir: Path) -> None:
         self.flush()
         for (name, col), s in self.shards.items():
-            s.store.save(checkpoint_dir / f"tiered.{name}.cols{col}.rank{self.rank}.f32")
+            s.store.save(self._checkpoint_file(checkpoint_dir, name, col))
 
     def load(self, checkpoint_dir: Path) -> None:
         for (name, col), s in self.shards.items():
-            path = checkpoint_dir / f"tiered.{name}.cols{col}.rank{self.rank}.f32"
+            path = self._checkpoint_file(checkpoint_dir, name, col)
             if not path.exists():
                 raise ConfigError(f"checkpoint {checkpoint_dir} has no rows for cached table '{name}' (columns from {col}) on rank "
                                   f"{self.rank}; resume with the plan and world size it was saved with")

@@ -99,7 +99,9 @@ class Trainer:
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
             runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed,
                                      prefetch_thread=config.prefetch_thread)
-            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime)
+            # a resume fills the stores from the checkpoint: writing their initial rows first would be wasted
+            resuming = resume and bool(ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else [])
+            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime, initialise=not resuming)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(self.model.named_parameters())),
