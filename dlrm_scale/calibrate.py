@@ -2,7 +2,8 @@
 
 Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets one core):
 - FBGEMM's table-batched embedding forward, and forward+backward with the fused optimizer,
-  over rows, dims and pooling factors, with rows in host memory (the CPU tier);
+  over rows, dims and pooling factors, with rows in host memory (the CPU tier), run as the
+  trainer runs them by default (our row-wise Adagrad kernel, tables on huge pages);
 - all-to-all and all-reduce over the process group backend (gloo on CPU) for N ranks;
 - dense MLP forward+backward throughput;
 - framework overhead per step, per table and per id routed, from tiny models trained for real.
@@ -81,32 +82,41 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
+    from dlrm_scale.cpu_adagrad import install as install_cpu_adagrad
+    from dlrm_scale.huge_pages import back_with_huge_pages
+
     optimizer = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}[cfg.optimizer]
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     samples = []
-    for rows in cfg.rows:
-        # ids as the training data draws them: the backward's cost depends on how many repeat
-        zipf = ZipfIds(rows, cfg.zipf_exponent, seed=rows)
-        for dim in cfg.dims:
-            tbe = SplitTableBatchedEmbeddingBagsCodegen(
-                [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=optimizer, learning_rate=0.01
-            )
-            for pooling in cfg.pooling_factors:
-                lookups = cfg.batch_size * pooling
-                ids = torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64))
-                offsets = torch.arange(0, lookups + 1, pooling)
-                fwd = _time(lambda: tbe(ids, offsets), cfg.repeats)
+    kernel = install_cpu_adagrad() if cfg.optimizer == "rowwise_adagrad" else None
+    try:
+        for rows in cfg.rows:
+            # ids as the training data draws them: the backward's cost depends on how many repeat
+            zipf = ZipfIds(rows, cfg.zipf_exponent, seed=rows)
+            for dim in cfg.dims:
+                tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                    [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=optimizer, learning_rate=0.01
+                )
+                back_with_huge_pages(tbe)
+                for pooling in cfg.pooling_factors:
+                    lookups = cfg.batch_size * pooling
+                    ids = torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64))
+                    offsets = torch.arange(0, lookups + 1, pooling)
+                    fwd = _time(lambda: tbe(ids, offsets), cfg.repeats)
 
-                def step():
-                    out = tbe(ids, offsets)
-                    out.backward(torch.ones_like(out))
+                    def step():
+                        out = tbe(ids, offsets)
+                        out.backward(torch.ones_like(out))
 
-                both = _time(step, cfg.repeats)
-                samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
-                                "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
-                if progress:
-                    progress.update(1)
+                    both = _time(step, cfg.repeats)
+                    samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
+                                    "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
+                    if progress:
+                        progress.update(1)
+    finally:
+        if kernel is not None:
+            kernel.close()
     return samples
 
 

@@ -33,17 +33,45 @@ def _row_scores(num_rows: int, table_index: int) -> np.ndarray:
 
 class ZipfIds:
     """Ids of one table: Zipf-distributed popularity ranks mapped through a fixed random
-    permutation of the rows (so hot rows are spread, as hashed production ids are)."""
+    permutation of the rows (so hot rows are spread, as hashed production ids are).
+
+    Ranks are drawn by rejection-inversion (Hoermann and Derflinger, 1996): exact for the
+    bounded law P(rank k) ~ k^-s, k = 1..N, at a few exp/log per id and ~1 retry per 10 ids,
+    where inverting the tabulated CDF costs a 21-level binary search over 16 MB for N = 2M
+    (~130 ns an id here: most of a training step's data time)."""
 
     def __init__(self, num_rows: int, exponent: float, seed: int) -> None:
-        weights = 1.0 / np.arange(1, num_rows + 1, dtype=np.float64) ** exponent
-        self.cdf = np.cumsum(weights)
-        self.cdf /= self.cdf[-1]
+        self.num_rows, self.s = num_rows, exponent
         self.perm = np.random.default_rng(seed).permutation(num_rows)
+        self._area_first = self._H(1.5) - 1.0  # the first rank's box, under the hat
+        self._area_end = self._H(num_rows + 0.5)
+        self._squeeze = 2.0 - self._H_inverse(self._H(2.5) - 2.0 ** -exponent)
+
+    def _H(self, x):
+        """The integral of t^-s over [1, x]; expm1 keeps it exact for s near 1."""
+        return np.log(x) if self.s == 1.0 else np.expm1((1.0 - self.s) * np.log(x)) / (1.0 - self.s)
+
+    def _H_inverse(self, y):
+        return np.exp(y) if self.s == 1.0 else np.exp(np.log1p(np.maximum(-1.0, y * (1.0 - self.s))) / (1.0 - self.s))
+
+    def ranks(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """n popularity ranks in 0..N-1 (0 the hottest)."""
+        out = np.empty(n, dtype=np.int64)
+        todo = np.arange(n)
+        while len(todo):
+            u = self._area_end + rng.random(len(todo)) * (self._area_first - self._area_end)
+            x = self._H_inverse(u)
+            k = np.clip(np.floor(x + 0.5), 1, self.num_rows)
+            accept = k - x <= self._squeeze  # most ids; the exact test only for the rest
+            rest = np.flatnonzero(~accept)
+            kr = k[rest]
+            accept[rest] = u[rest] >= self._H(kr + 0.5) - kr ** -self.s
+            out[todo[accept]] = k[accept].astype(np.int64) - 1
+            todo = todo[~accept]
+        return out
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
-        return self.perm[np.minimum(ranks, len(self.perm) - 1)]
+        return self.perm[self.ranks(n, rng)]
 
 
 @dataclass

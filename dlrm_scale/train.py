@@ -31,6 +31,9 @@ from planner.specs import PRECISION_ELEMENT_BYTES, PlanningProblem
 
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "sgd")
+# dlrm_scale: our row-wise Adagrad kernel (dlrm_scale.cpu_adagrad), tables on huge pages
+# (dlrm_scale.huge_pages); fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
+CPU_EMBEDDINGS = ("dlrm_scale", "fbgemm")
 # FBGEMM's fp8 codec fails on gloo and CPU tensors with a shape error (seen with fbgemm 1.8).
 UNSUPPORTED_PRECISIONS = {"fp8": "FBGEMM's fp8 comm codec fails with a shape error in 1.8; use fp16, bf16 or int8"}
 
@@ -53,6 +56,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
+    cpu_embeddings: str = "dlrm_scale"  # how embeddings run on CPU: one of CPU_EMBEDDINGS
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
@@ -63,6 +67,8 @@ class TrainConfig:
                 raise ConfigError(f"train: {name} must be >= 0, got {getattr(self, name)}")
         if self.dense_optimizer not in DENSE_OPTIMIZERS:
             raise ConfigError(f"train: dense_optimizer {self.dense_optimizer!r} is not one of {', '.join(DENSE_OPTIMIZERS)}")
+        if self.cpu_embeddings not in CPU_EMBEDDINGS:
+            raise ConfigError(f"train: cpu_embeddings {self.cpu_embeddings!r} is not one of {', '.join(CPU_EMBEDDINGS)}")
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
 
@@ -143,13 +149,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="go on from the newest complete checkpoint in --checkpoint-dir")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels; log every step's exact loss")
     p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
+    p.add_argument("--cpu-embeddings", choices=CPU_EMBEDDINGS,
+                   help="on CPU, dlrm_scale's row-wise Adagrad kernel and huge-page tables (default), or FBGEMM's kernel as TorchRec runs it")
     return p.parse_args(argv)
 
 
 def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> TrainConfig:
     config = section_dataclass(doc, "train", TrainConfig, "config", batch_size=batch_size)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed),
-                                   ("eval_every", args.eval_every), ("store_dir", args.store_dir)) if v is not None}
+                                   ("eval_every", args.eval_every), ("store_dir", args.store_dir),
+                                   ("cpu_embeddings", args.cpu_embeddings)) if v is not None}
     if args.no_pipeline:
         overrides["pipeline"] = False
     if args.deterministic:

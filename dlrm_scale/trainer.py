@@ -20,8 +20,10 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from dlrm_scale import checkpoint as ckpt
 from dlrm_scale.comm_meter import CommMeter
+from dlrm_scale.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
+from dlrm_scale.huge_pages import back_with_huge_pages
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
@@ -94,6 +96,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
+        ours_on_cpu = device.type == "cpu" and config.cpu_embeddings == "dlrm_scale"
+        self.cpu_kernel = install_cpu_adagrad() if ours_on_cpu and problem.training.embedding_optimizer == "rowwise_adagrad" else None
         self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
@@ -102,6 +106,10 @@ class Trainer:
             # a resume fills the stores from the checkpoint: writing their initial rows first would be wasted
             resuming = resume and bool(ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else [])
             self.tiered = TieredEmbeddings(self.model, plan, rank, runtime, initialise=not resuming)
+        if ours_on_cpu:
+            on_huge, large = back_with_huge_pages(self.model)
+            if rank == 0:
+                print(f"{on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of large tensors on huge pages", flush=True)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(self.model.named_parameters())),
@@ -142,8 +150,12 @@ class Trainer:
 
     def run(self) -> None:
         start = self.restore() if self.resume else 0
-        with self.meter.attached():
-            self._run(start)
+        try:
+            with self.meter.attached():
+                self._run(start)
+        finally:
+            if self.cpu_kernel is not None:
+                self.cpu_kernel.close()
 
     def restore(self) -> int:
         """Load the newest complete checkpoint; the step to go on from (0 when there is none)."""

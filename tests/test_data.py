@@ -38,3 +38,19 @@ def test_labels_depend_on_the_features():
     # the hidden model uses the dense features: they must correlate with the labels
     corr = np.corrcoef(batch.dense_features.numpy() @ data.dense_weights, y)[0, 1]
     assert corr > 0.1
+
+
+def test_zipf_ranks_follow_the_bounded_law_exactly():
+    """Rejection-inversion draws P(rank k) ~ k^-s on 1..N; a frequency off by more than a few
+    standard errors (an approximate inversion, an off-by-one rank) fails."""
+    from dlrm_scale.data import ZipfIds
+
+    n = 400_000
+    for rows, s in [(50, 1.05), (7, 1.0), (1000, 0.6), (300, 2.5)]:
+        ranks = ZipfIds(rows, s, seed=0).ranks(n, np.random.default_rng(3))
+        assert ranks.min() >= 0 and ranks.max() < rows
+        p = 1.0 / np.arange(1, rows + 1) ** s
+        p /= p.sum()
+        observed = np.bincount(ranks, minlength=rows) / n
+        stderr = np.sqrt(p * (1 - p) / n)
+        assert np.all(np.abs(observed - p) < 5 * stderr + 1e-6), (rows, s)

@@ -45,12 +45,12 @@ def model_config():
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 
 
-def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps):
+def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="sgd"):
     from dlrm_scale.state import full_tables, local_shard_blocks
     from dlrm_scale.train import TrainConfig
     from dlrm_scale.trainer import Trainer
 
-    p = problem("sgd", fwd, bwd)
+    p = problem(optimizer, fwd, bwd)
     plan = every_scheme_plan(p)
     cfg = TrainConfig(steps=steps, batch_size=64, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
                       log_every=1, eval_batches=1, pipeline=pipeline)
@@ -65,8 +65,20 @@ def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps):
     return {"initial": initial, "initial_tables": initial_tables, "final_tables": final_tables, "blocks": all_blocks}
 
 
-def reference_run(initial, initial_tables, steps):
-    """The same model unsharded in one process, trained on both ranks' batches."""
+def rowwise_adagrad_step(weight, state, blocks, eps=1e-8):
+    """Row-wise Adagrad as the sharded tables run it: a column-wise shard is its own table, so
+    each block of columns keeps its own per-row sum (FBGEMM's default eps)."""
+    with torch.no_grad():
+        for c0, cols in blocks:
+            g = weight.grad[:, c0 : c0 + cols]
+            h = state.setdefault(c0, torch.zeros(weight.shape[0]))
+            h += g.pow(2).mean(dim=1)
+            weight[:, c0 : c0 + cols] -= LR * g / (h.sqrt() + eps)[:, None]
+
+
+def reference_run(initial, initial_tables, steps, optimizer="sgd"):
+    """The same model unsharded in one process, trained on both ranks' batches, with the
+    optimizers written out in PyTorch (no FBGEMM kernel, ours or theirs, involved)."""
     from dlrm_scale.data import SyntheticData
     from dlrm_scale.model import build_model
 
@@ -76,16 +88,24 @@ def reference_run(initial, initial_tables, steps):
     for name, w in initial_tables.items():
         state[f"model.sparse_arch.embedding_bag_collection.embedding_bags.{name}.weight"] = w
     model.load_state_dict(state)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    bags = model.model.sparse_arch.embedding_bag_collection.embedding_bags
+    plan = every_scheme_plan(p)
+    blocks = {name: sorted({(s.col_offset, s.cols) for s in t.shards}) for name, t in plan.tables.items()}
+    adagrad_state = {name: {} for name in blocks}
+    opt = torch.optim.SGD(model.parameters() if optimizer == "sgd" else
+                          [q for n, q in model.named_parameters() if "embedding_bags" not in n], lr=LR)
     data = [SyntheticData(p.tables, 4, 64, seed=0, rank=r) for r in range(2)]
     losses = []
     for step in range(steps):
         loss = sum(model(d.batch(step))[0] for d in data) / 2  # the mean over the global batch
-        opt.zero_grad()
+        model.zero_grad()
         loss.backward()
         opt.step()
+        if optimizer == "rowwise_adagrad":
+            for name, bag in bags.items():
+                rowwise_adagrad_step(bag.weight, adagrad_state[name], blocks[name])
         losses.append(float(loss))
-    tables = {t.name: model.model.sparse_arch.embedding_bag_collection.embedding_bags[t.name].weight.detach() for t in p.tables}
+    tables = {t.name: bags[t.name].weight.detach() for t in p.tables}
     return losses, tables
 
 
@@ -102,6 +122,33 @@ def test_every_scheme_matches_unsharded_training(tmp_path, pipeline):
         got = result["final_tables"][name]
         assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=f"table {name} differs from the reference")
+
+
+@pytest.fixture(scope="module")
+def rowwise_adagrad_runs(tmp_path_factory):
+    """Row-wise Adagrad on every scheme: the fused ones run dlrm_scale's CPU kernel (the
+    trainer's default), against the update written out in PyTorch. One step: after it the
+    data-parallel table's deviation (below) reaches every table through the loss; the kernel's
+    state over many steps is checked against FBGEMM's in tests/test_cpu_adagrad.py."""
+    out = tmp_path_factory.mktemp("rowwise_adagrad")
+    result = run_on_ranks(_train_sharded, 2, str(out), "fp32", "fp32", True, 1, "rowwise_adagrad")
+    _, ref_tables = reference_run(result["initial"], result["initial_tables"], 1, "rowwise_adagrad")
+    return result, ref_tables
+
+
+@pytest.mark.parametrize("name", [name for name, *_ in SCHEMES if name != "dp"])
+def test_row_wise_adagrad_on_fused_schemes_matches_unsharded(rowwise_adagrad_runs, name):
+    result, ref_tables = rowwise_adagrad_runs
+    got = result["final_tables"][name]
+    assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"
+    torch.testing.assert_close(got, ref_tables[name], rtol=1e-5, atol=1e-6, msg=f"table {name} differs from the reference")
+
+
+@pytest.mark.xfail(strict=True, reason="known: TorchRec's in-backward RowWiseAdagrad on a data-parallel table moves it "
+                                       "~1e-4 where the written-out update moves it ~0.3 (SGD matches); not yet explained")
+def test_row_wise_adagrad_on_a_data_parallel_table_matches_unsharded(rowwise_adagrad_runs):
+    result, ref_tables = rowwise_adagrad_runs
+    torch.testing.assert_close(result["final_tables"]["dp"], ref_tables["dp"], rtol=1e-5, atol=1e-6)
 
 
 def test_shards_land_where_the_plan_says(tmp_path):

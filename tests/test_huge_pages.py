@@ -1,0 +1,43 @@
+"""Large tensors collapse onto 2 MiB pages in place, contents kept."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm_scale.huge_pages import HUGE_PAGE_BYTES, back_with_huge_pages, collapse
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_bytes_around(address: int) -> int:
+    """AnonHugePages of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="transparent huge pages are off here")
+def test_collapse_backs_the_tensor_with_huge_pages_and_keeps_it():
+    t = torch.randn((24 << 20) // 4)  # 24 MiB, 4-byte floats
+    before = t.clone()
+    moved = collapse(t)
+    assert moved >= 20 << 20 and moved % HUGE_PAGE_BYTES == 0  # all but the unaligned ends
+    assert huge_bytes_around(t.data_ptr() + moved // 2) >= moved
+    assert torch.equal(t, before)
+
+
+def test_only_large_cpu_tensors_are_considered():
+    module = torch.nn.Module()
+    module.big = torch.nn.Parameter(torch.zeros((8 << 20) // 4))
+    module.small = torch.nn.Parameter(torch.zeros(1000))
+    module.register_buffer("state", torch.zeros((6 << 20) // 4))
+    module.register_buffer("alias", module.state)  # the same memory counts once
+    _, large = back_with_huge_pages(module)
+    assert large == (8 << 20) + (6 << 20)
