@@ -108,8 +108,8 @@ class Trainer:
             self.tiered = TieredEmbeddings(self.model, plan, rank, runtime, initialise=not resuming)
         if ours_on_cpu:
             on_huge, large = back_with_huge_pages(self.model)
-            if rank == 0:
-                print(f"{on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of large tensors on huge pages", flush=True)
+            if rank == 0 and large:
+                print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(self.model.named_parameters())),

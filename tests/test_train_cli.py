@@ -27,6 +27,12 @@ def test_comm_precision_parsing():
         parse_comm_precision("fwd=fp4")
 
 
+def test_cpu_embeddings_choice_is_validated():
+    assert TrainConfig().cpu_embeddings == "dlrm_scale"
+    with pytest.raises(ConfigError, match="cpu_embeddings 'mkl' is not one of dlrm_scale, fbgemm"):
+        TrainConfig(cpu_embeddings="mkl")
+
+
 def test_learning_rate_schedule_follows_mlperf():
     cfg = TrainConfig(warmup_steps=4, decay_start_step=10, decay_steps=10)
     assert [cfg.lr_factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
