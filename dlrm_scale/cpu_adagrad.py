@@ -49,13 +49,15 @@ def _backward(grad_output, host_weights, weights_placements, weights_offsets, D_
               total_hash_size_bits, indices, offsets, pooling_mode, indice_weights, stochastic_rounding, momentum1_host,
               momentum1_placements, momentum1_offsets, learning_rate_tensor, eps=0.0, weight_decay=0.0,
               weight_decay_mode=0, max_norm=0.0, output_dtype=0):
-    # FBGEMM's own CPU fast path ignores both; refusing them keeps the two kernels interchangeable
+    # ours has neither (FBGEMM's own CPU fast path ignores both); refusing is better than a
+    # run that silently trains something else than asked
     if weight_decay != 0.0 or max_norm != 0.0:
         raise RuntimeError("dlrm_scale's CPU row-wise Adagrad kernel has no weight decay or max norm; "
                            "set train: cpu_embeddings: fbgemm")
+    per_id_weights = indice_weights if indice_weights is not None else torch.empty(0)
     load_extension().rowwise_adagrad_backward(
         grad_output, host_weights, weights_offsets, D_offsets, hash_size_cumsum, indices, offsets, pooling_mode,
-        indice_weights if indice_weights is not None else torch.empty(0), momentum1_host, momentum1_offsets, float(learning_rate_tensor), eps)
+        per_id_weights, momentum1_host, momentum1_offsets, float(learning_rate_tensor), eps)
 
 
 class InstalledKernel:

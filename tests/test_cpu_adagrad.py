@@ -8,8 +8,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice
 
 from dlrm_scale.cpu_adagrad import InstalledKernel
 
-ROWS = [50_000, 300, 7]
-DIMS = [16, 8, 4]
+# a table past 2^22 rows takes three radix passes
+ROWS = [5_000_000, 300, 7]
+DIMS = [8, 8, 4]
 
 
 def tbe(pooling: PoolingMode, feature_table_map=None) -> SplitTableBatchedEmbeddingBagsCodegen:
@@ -24,7 +25,8 @@ def tbe(pooling: PoolingMode, feature_table_map=None) -> SplitTableBatchedEmbedd
 def batch(step: int, tables: list[int], index_dtype, B: int = 64):
     rng = np.random.default_rng(step)
     lengths = rng.integers(0, 12, size=(len(tables), B))  # empty bags too
-    ids = [rng.zipf(1.3, size=lengths[i].sum()) % ROWS[t] for i, t in enumerate(tables)]
+    # skewed, spread over every table's rows (the prime scatters the hot ranks)
+    ids = [(rng.zipf(1.3, size=lengths[i].sum()) * 104_729) % ROWS[t] for i, t in enumerate(tables)]
     offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])
     weights = torch.from_numpy(rng.random(offsets[-1]).astype(np.float32))
     return torch.from_numpy(np.concatenate(ids)).to(index_dtype), torch.from_numpy(offsets).to(index_dtype), weights

@@ -42,7 +42,8 @@ std::vector<TableGroup> table_groups(const int64_t* weights_offsets, int64_t num
 void sort_by_row(std::vector<uint32_t>& rows, std::vector<uint32_t>& positions, uint32_t max_row) {
   const size_t n = rows.size();
   std::vector<uint32_t> rows_out(n), positions_out(n);
-  for (int shift = 0; shift == 0 || (max_row >> shift) != 0; shift += kRadixBits) {
+  // digits until the largest row's bits run out (shifts of 32 or more are undefined on uint32)
+  for (int shift = 0; shift < 32 && (shift == 0 || (max_row >> shift) != 0); shift += kRadixBits) {
     std::vector<uint32_t> count((1u << kRadixBits) + 1, 0);
     for (size_t i = 0; i < n; ++i) ++count[((rows[i] >> shift) & ((1u << kRadixBits) - 1)) + 1];
     for (size_t d = 0; d < (1u << kRadixBits); ++d) count[d + 1] += count[d];
