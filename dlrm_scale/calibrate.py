@@ -89,7 +89,7 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     samples = []
-    kernel = install_cpu_adagrad() if cfg.optimizer == "rowwise_adagrad" else None
+    kernel = install_cpu_adagrad(cfg.optimizer)
     try:
         for rows in cfg.rows:
             # ids as the training data draws them: the backward's cost depends on how many repeat

@@ -97,10 +97,10 @@ def built() -> bool:
         return False
 
 
-def install() -> InstalledKernel | None:
-    """Our kernel for row-wise Adagrad on CPU in this process, or None (FBGEMM's) where it
-    does not build."""
-    return InstalledKernel() if built() else None
+def install(embedding_optimizer: str) -> InstalledKernel | None:
+    """Our kernel for row-wise Adagrad on CPU in this process; None (FBGEMM's kernels) for
+    another optimizer, which it does not cover, or where it does not build."""
+    return InstalledKernel() if embedding_optimizer == "rowwise_adagrad" and built() else None
 
 
 if __name__ == "__main__":  # `make venv` builds it once, so that jobs and tests do not race to

@@ -97,7 +97,7 @@ class Trainer:
         self.device, self.rank, self.world, self.out_dir = device, rank, world, out_dir
         torch.manual_seed(config.seed)
         ours_on_cpu = device.type == "cpu" and config.cpu_embeddings == "dlrm_scale"
-        self.cpu_kernel = install_cpu_adagrad() if ours_on_cpu and problem.training.embedding_optimizer == "rowwise_adagrad" else None
+        self.cpu_kernel = install_cpu_adagrad(problem.training.embedding_optimizer) if ours_on_cpu else None
         self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
