@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from planner.config import GIB, load_problem
-from planner.errors import ConfigError, PlannerError
+from planner.errors import ConfigError, PlannerBugError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
 from planner.report import format_plan, plot_plan
@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except PlannerBugError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

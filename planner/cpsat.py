@@ -292,14 +292,27 @@ def solve_class_model(
 
     Ranks are identical and many shards cost the same (TorchRec's estimate does not depend on
     a table's rows, say), so counting shards per class removes the symmetry that stalls the
-    joint model. Memory is left out here and honoured when the counts are turned into a
-    placement (largest shards first, onto the rank with most room among those with quota).
+    joint model. Memory is constrained exactly for shards whose rank the option fixes
+    (row-wise, data-parallel, table-row-wise) and, for the free ones, only in total over the
+    cluster: the placement of the counts (largest shards first, onto the rank with most room
+    among those with quota) then checks every rank, and fails rather than overfill one.
     Node-bound column shards (table_column_wise) are left out of the choice; the proven bound
     is reported only when each of them has a column_wise twin of equal shards.
     """
     world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
     model = cp_model.CpModel()
     load = [[] for _ in range(world)]
+    caps_kib = rank_capacities(cluster) // KIB
+    fixed_kib = [[[] for _ in TIERS] for _ in range(world)]  # per rank and tier: (KiB, literal)
+    total_kib = [[] for _ in TIERS]  # the whole cluster's demand per tier
+
+    def hold(rank: int | None, shard_bytes: np.ndarray, lit) -> None:
+        for ti, b in enumerate(shard_bytes.tolist()):
+            if b:
+                total_kib[ti].append((_kib_up(b), lit))
+                if rank is not None:
+                    fixed_kib[rank][ti].append((_kib_up(b), lit))
+
     class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
     decode = []
     left_out = False
@@ -317,6 +330,7 @@ def solve_class_model(
             if o.placement is Placement.EVERY_RANK:
                 for r, ms in enumerate(o.shard_ms.tolist()):
                     load[r].append((_ticks(ms, unit_ms), choose))
+                    hold(r, o.shard_bytes[r], choose)
                 decode.append((table, o, choose, None))
             elif o.placement is Placement.NODE_RANKS:
                 at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
@@ -324,10 +338,12 @@ def solve_class_model(
                 for n in range(nodes):
                     for i, ms in enumerate(o.shard_ms.tolist()):
                         load[n * local + i].append((_ticks(ms, unit_ms), at[n]))
+                        hold(n * local + i, o.shard_bytes[i], at[n])
                 decode.append((table, o, choose, at))
             else:
                 for i, ms in enumerate(o.shard_ms.tolist()):
                     class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
+                    hold(None, o.shard_bytes[i], choose)
                 decode.append((table, o, choose, None))
         model.AddExactlyOne(chooses)
 
@@ -348,6 +364,12 @@ def solve_class_model(
     peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), horizon, "peak")
     for r in range(world):
         model.Add(sum(c * v for c, v in load[r]) <= peak)
+    for ti in range(len(TIERS)):
+        for r in range(world):
+            if fixed_kib[r][ti]:
+                model.Add(sum(c * v for c, v in fixed_kib[r][ti]) <= int(caps_kib[ti]))
+        if total_kib[ti]:
+            model.Add(sum(c * v for c, v in total_kib[ti]) <= int(caps_kib[ti]) * world)
     model.Minimize(peak)
     solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
     status = solver.Solve(model)
@@ -385,6 +407,8 @@ def _place_by_counts(out: Assignment, class_members, quota: dict[int, list[int]]
     for table, o in out.choice.items():
         if o.placement is not Placement.ANY_RANK:
             loads.add(o, out.shard_ranks[table])
+    if np.any(loads.bytes > caps):
+        return False
     shards = [
         (c, table, o, i)
         for c, members in class_members.items()

@@ -20,3 +20,8 @@ class InfeasiblePlanError(PlannerError):
 
 class PlanFormatError(PlannerError):
     """A plan JSON does not follow dlrm-scale/plan/v1 or does not match the model."""
+
+
+class PlannerBugError(Exception):
+    """The planner produced something it promised never to (a plan that overfills a tier).
+    Not a PlannerError: no user input causes it, so it is reported as a bug (exit 3)."""

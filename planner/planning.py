@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from planner.candidates import enumerate_options
+from planner.capacity import check_capacity
 from planner.cost_model import AnalyticCostModel, CostModel
 from planner.errors import InfeasiblePlanError
 from planner.plan import Plan
@@ -37,4 +38,6 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
         except InfeasiblePlanError:
             if i == len(attempts) - 1:
                 raise
-    return Plan.from_solution(solution, problem.cluster, [t.name for t in problem.tables], cost_model.name)
+    plan = Plan.from_solution(solution, problem.cluster, [t.name for t in problem.tables], cost_model.name)
+    check_capacity([r.memory for r in plan.ranks], problem.cluster)
+    return plan
