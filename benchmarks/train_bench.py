@@ -1,15 +1,17 @@
-"""Training benchmark: 2 ranks on gloo, synthetic data, our plan against TorchRec's recipe.
+"""Training benchmark: 2 ranks on gloo, synthetic data, ours against TorchRec's own recipe.
 
-Runs are alternated (ours, TorchRec's, ours, ...) and medians compared, since these machines
-are shared and noisy. TorchRec's recipe is its EmbeddingShardingPlanner with its stock
-sharder through DistributedModelParallel, FBGEMM's kernels, fp32 comms, same model, batch
-and data; ours is our plan, our CPU row-wise Adagrad kernel (dlrm_scale.cpu_adagrad) and
-tables on huge pages (dlrm_scale.huge_pages).
+The anchor is `benchmarks/torchrec_recipe.py`: a stand-alone script using only TorchRec's public
+API (its planner and stock sharder, DMP, fused row-wise Adagrad, TrainPipelineSparseDist,
+batches generated before the loop), nothing from dlrm_scale. Ours is `dlrm_scale.train` on its
+defaults (our plan; the CPU kernels the hardware profile's calibration chose; batches made
+ahead by a worker thread). Same model, batch, table sizes, id distribution and learning rate.
+Runs are alternated (ours, anchor, ours, ...), each figure the median over the windows after
+the first (start-up), and the ratio of medians over repeats is reported with the spread.
 Then, on the embedding-bound model, our plan with fp16/bf16 and int8 comms: bytes each
 rank sent per step in the embedding collectives (measured) against fp32's, and AUC after
 the same number of steps.
 
-    python benchmarks/train_bench.py [--repeats 3] [--steps 200]
+    python benchmarks/train_bench.py [--repeats 3] [--steps 200] [--parts models,precision]
 
 Writes benchmarks/results/train.json and prints a Markdown table for the README.
 """
@@ -40,16 +42,20 @@ def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: st
     raise RuntimeError(f"training failed {tries} times: {config} {planner} {precision}")
 
 
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _run(config: str, steps: int, planner: str, precision: str, plan: str | None, seed: int) -> dict:
+    if planner == "anchor":
+        return _run_anchor(config, steps, seed)
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
             "--config", config, "--steps", str(steps), "--planner", planner,
             "--comm-precision", f"fwd={precision},bwd={precision}" if precision != "fp16/bf16" else "fwd=fp16,bwd=bf16",
             "--out-dir", out, "--seed", str(seed), *(["--plan", plan] if plan else []),
-            "--cpu-embeddings", "fbgemm" if planner == "torchrec" else "dlrm_scale",
         ]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
         if proc.returncode != 0:
             raise RuntimeError(f"training failed: {proc.stderr[-2000:]}")
         records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
@@ -59,14 +65,43 @@ def _run(config: str, steps: int, planner: str, precision: str, plan: str | None
     schemes: dict[str, int] = {}
     for t in plan["tables"].values():
         schemes[t["sharding_type"]] = schemes.get(t["sharding_type"], 0) + 1
+    windows = steps_logged[1:]  # the first window holds start-up (pipeline fill, first allocations)
+    phases = {p: statistics.median(max(r["phase_ms"][p]) for r in windows) for p in windows[0]["phase_ms"]}
     return {
-        # the first window holds start-up (pipeline fill, first allocations)
-        "samples_per_s": statistics.median(r["samples_per_s"] for r in steps_logged[1:]),
-        "comm_bytes": statistics.median(r["comm_bytes"] for r in steps_logged[1:]),
+        "samples_per_s": statistics.median(r["samples_per_s"] for r in windows),
+        "step_ms": statistics.median(r["step_ms"] for r in windows),
+        # the slower rank's ms per step in each phase, median over windows
+        "phase_ms": phases,
+        "phases_sum_vs_step": statistics.median(sum(r["phase_ms"][p][0] for p in phases) / r["step_ms"] for r in windows),
+        "comm_bytes": statistics.median(r["comm_bytes"] for r in windows),
         "auc": evals[-1]["auc"],
         "logloss": evals[-1]["logloss"],
         "schemes": schemes,
     }
+
+
+def _run_anchor(config: str, steps: int, seed: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        result = Path(out, "result.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "benchmarks/torchrec_recipe.py",
+               "--config", config, "--steps", str(steps), "--seed", str(seed), "--out", str(result)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
+        if proc.returncode != 0:
+            raise RuntimeError(f"anchor failed: {proc.stderr[-2000:]}")
+        doc = json.loads(result.read_text())
+    return {"samples_per_s": statistics.median(doc["samples_per_s"][1:]), "schemes": doc["schemes"]}
+
+
+def machine() -> str:
+    """CPU model, kernel and THP mode: the speed figures are facts of this machine."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return f"{cpu}, {os.cpu_count()} cores, Linux {os.uname().release}, THP {thp.read_text().strip() if thp.exists() else 'n/a'}"
+
+
+def spread(values: list[float]) -> list[float]:
+    return [round(min(values), 1), round(max(values), 1)]
 
 
 def main() -> int:
@@ -79,19 +114,24 @@ def main() -> int:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     results = json.loads(Path(args.out).read_text()) if Path(args.out).exists() and parts != {"models", "precision"} else {}
-    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds)
+    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds, machine=machine())
     results.setdefault("models", {})
     results.setdefault("comm_precision", {})
     for model, config in MODELS.items() if "models" in parts else []:
-        runs = {"ours": [], "torchrec": []}
+        runs = {"ours": [], "anchor": []}
         for _ in range(args.repeats):
-            for planner in ("ours", "torchrec"):
-                r = run(config, args.steps, planner)
-                runs[planner].append(r)
-                print(model, planner, json.dumps(r), flush=True)
-        ours = statistics.median(r["samples_per_s"] for r in runs["ours"])
-        theirs = statistics.median(r["samples_per_s"] for r in runs["torchrec"])
-        results["models"][model] = {"ours_samples_per_s": ours, "torchrec_samples_per_s": theirs, "speedup": ours / theirs, "runs": runs}
+            for side in ("ours", "anchor"):
+                r = run(config, args.steps, side)
+                runs[side].append(r)
+                print(model, side, json.dumps(r), flush=True)
+        ours = [r["samples_per_s"] for r in runs["ours"]]
+        theirs = [r["samples_per_s"] for r in runs["anchor"]]
+        results["models"][model] = {
+            "ours_samples_per_s": statistics.median(ours), "anchor_samples_per_s": statistics.median(theirs),
+            "speedup": statistics.median(ours) / statistics.median(theirs),
+            "ours_spread": spread(ours), "anchor_spread": spread(theirs),
+            "speedup_per_pair": [round(a / b, 3) for a, b in zip(ours, theirs)], "runs": runs,
+        }
     config = MODELS["embedding_bound"]
     base = None
     plan = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name  # one plan for all precisions
@@ -110,9 +150,11 @@ def main() -> int:
         print(precision, json.dumps(results["comm_precision"][precision]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print("| model | ours samples/s | TorchRec samples/s | ratio |\n|---|---|---|---|")
+    print("| model | ours samples/s (min-max) | TorchRec recipe samples/s (min-max) | ratio of medians | per pair |\n|---|---|---|---|---|")
     for model, m in results["models"].items():
-        print(f"| {model} | {m['ours_samples_per_s']:,.0f} | {m['torchrec_samples_per_s']:,.0f} | {m['speedup']:.2f}x |")
+        print(f"| {model} | {m['ours_samples_per_s']:,.0f} ({m['ours_spread'][0]:,.0f}-{m['ours_spread'][1]:,.0f}) | "
+              f"{m['anchor_samples_per_s']:,.0f} ({m['anchor_spread'][0]:,.0f}-{m['anchor_spread'][1]:,.0f}) | "
+              f"{m['speedup']:.2f}x | {' / '.join(f'{x:.2f}' for x in m['speedup_per_pair'])} |")
     print("| comms | bytes/step/rank | vs fp32 | AUC (mean) | AUC - fp32 (mean) | per seed |\n|---|---|---|---|---|---|")
     for p, r in results["comm_precision"].items():
         per_seed = " / ".join(f"{d:+.4f}" for d in r["auc_minus_fp32_per_seed"])

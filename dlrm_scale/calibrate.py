@@ -29,6 +29,7 @@ import torch.multiprocessing as mp
 from tqdm import tqdm
 
 from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
+from dlrm_scale.kernel_choice import choose_cpu_kernels
 from planner.config import GIB
 from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import ConfigError
@@ -345,6 +346,26 @@ def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
             "cache_id_ns": per_id_s * 1e9}
 
 
+def _yaml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(round(value, 6) if isinstance(value, float) else value)
+
+
+def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
+    """Only the CPU kernel choice, written into an existing profile (its `cpu_kernels` line),
+    leaving the fitted constants as they are."""
+    if not profile.is_file():
+        raise ConfigError(f"calibrate --kernels-only: {profile} is not a hardware profile; give an existing .yaml")
+    kernels, times = choose_cpu_kernels()
+    lines = [line for line in profile.read_text().splitlines() if not line.startswith("cpu_kernels:")]
+    lines.append(f"cpu_kernels: {_yaml_value(kernels)}")
+    tmp = profile.with_name(profile.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(profile)
+    return kernels, times
+
+
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
     if not out.parent.exists():
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
@@ -366,6 +387,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         progress.update(1)
         store = store_miss_samples(out.parent)
         progress.update(1)
+    kernels, kernel_times = choose_cpu_kernels()
     disk = shutil.disk_usage(out.parent).free
     profile = {
         "name": name or out.stem,
@@ -377,13 +399,14 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         **fit_store(store, cfg.optimizer),
         **{k: v for k, v in fitted.items() if k not in ("ddr_bytes_per_node", "ssd_bytes_per_node", "hbm_gb_per_s", "ssd_gb_per_s")},
         **overhead,
+        "cpu_kernels": kernels,
     }
     header = (
         f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
         f"{datetime.date.today().isoformat()}, {cfg.nproc} ranks over gloo.\n"
         "# Fitted to planner/cost_model.py's formulas; the raw samples are in the .samples.json beside it.\n"
     )
-    lines = [f"{k}: {round(v, 6) if isinstance(v, float) else v}" for k, v in profile.items()]
+    lines = [f"{k}: {_yaml_value(v)}" for k, v in profile.items()]
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(header + "\n".join(lines) + "\n")
     tmp.replace(out)
@@ -391,6 +414,6 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
 
     out.with_suffix(".samples.json").write_text(
         json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns, "overhead": overhead,
-                    "store_misses": store}, indent=1)
+                    "store_misses": store, "cpu_kernel_ms": kernel_times}, indent=1)
     )
     return profile

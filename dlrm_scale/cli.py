@@ -125,10 +125,20 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--out", required=True, help="profile to write, e.g. configs/hardware/mybox.yaml")
     p.add_argument("--nproc", type=int, default=2, help="ranks per node to measure collectives with")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute)")
+    p.add_argument("--kernels-only", action="store_true",
+                   help="only measure which CPU kernels are faster here and record them in the existing profile --out")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from dlrm_scale.calibrate import CalibrationConfig, calibrate
+    from dlrm_scale.calibrate import CalibrationConfig, calibrate, calibrate_kernels
+
+    if args.kernels_only:
+        kernels, times = calibrate_kernels(Path(args.out))
+        for kind, per_kernel in times.items():
+            print(f"{kind:>12}: " + ", ".join(f"{name} {min(t):.2f}-{max(t):.2f} ms" for name, t in per_kernel.items())
+                  + f" -> {kernels[kind]}")
+        print(f"wrote cpu_kernels to {args.out}")
+        return 0
 
     cfg = CalibrationConfig(nproc=args.nproc)
     if args.quick:

@@ -11,6 +11,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_scale.data import feature_name
+from dlrm_scale.interaction import DotInteraction
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 
@@ -51,12 +52,15 @@ def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
 
 
 def build_model(
-    tables: Sequence[TableSpec], config: ModelConfig, device: torch.device, embedding_device: str = "meta"
+    tables: Sequence[TableSpec], config: ModelConfig, device: torch.device, embedding_device: str = "meta",
+    interaction: str = "torchrec",
 ) -> DLRMTrain:
     """DLRM's dense arch must end in the embedding dimension, which must be shared by all tables.
 
     Tables go on the meta device by default: DistributedModelParallel materialises only the
     shards each rank holds. An unsharded reference model passes embedding_device="cpu".
+    `interaction` picks the dot interaction's implementation (dlrm_scale.interaction): the
+    same function, so the same model, either way.
     """
     dims = {t.embedding_dim for t in tables}
     if len(dims) != 1:
@@ -68,6 +72,8 @@ def build_model(
     ebc = EmbeddingBagCollection(tables=embedding_configs(tables), device=torch.device(embedding_device))
     if config.arch == "dlrm":
         dlrm = DLRM(ebc, config.num_dense_features, dense_arch, list(config.over_arch), dense_device=device)
+        if interaction == "dlrm_scale":
+            dlrm.inter_arch = DotInteraction(len(tables)).to(device)
     else:
         dlrm = DLRM_DCN(
             ebc, config.num_dense_features, dense_arch, list(config.over_arch),

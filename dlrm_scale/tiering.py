@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import NoWait
 
+from dlrm_scale.phases import PhaseTimer, TimedPipeline
 from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.row_store import FileRowStore, MemoryRowStore
 from planner.candidates import CACHEABLE
@@ -414,12 +414,12 @@ def embedding_kernels(model: torch.nn.Module):
                     yield kernel
 
 
-class PrefetchingPipeline(TrainPipelineSparseDist):
+class PrefetchingPipeline(TimedPipeline):
     """TorchRec's sparse-dist pipeline, plus: once the next batch's ids have reached this
     rank, their missed rows are read in the background while the current batch trains."""
 
-    def __init__(self, model, optimizer, device, tiered: TieredEmbeddings) -> None:
-        super().__init__(model, optimizer, device)
+    def __init__(self, model, optimizer, device, timer: PhaseTimer, tiered: TieredEmbeddings) -> None:
+        super().__init__(model, optimizer, device, timer)
         self._tiered = tiered
 
     def wait_sparse_data_dist(self, context) -> None:
@@ -432,3 +432,4 @@ class PrefetchingPipeline(TrainPipelineSparseDist):
             dist_input = request.wait()
             context.input_dist_tensors_requests[name] = NoWait(dist_input)
             self._tiered.prefetch(module, dist_input)
+        self.timer.lap("tiering")

@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from dlrm_scale.checkpoint import CheckpointConfig
+from dlrm_scale.interaction import INTERACTIONS
 from dlrm_scale.model import ModelConfig
 from dlrm_scale.tiering import check_store_directory, resident_plan
-from planner.config import load_problem, read_yaml, section_dataclass
+from planner.config import DEFAULT_HARDWARE, hardware_path, load_problem, read_yaml, section_dataclass
 from planner.errors import ConfigError, PlanFormatError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
@@ -56,7 +57,11 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
-    cpu_embeddings: str = "dlrm_scale"  # how embeddings run on CPU: one of CPU_EMBEDDINGS
+    prefetch_batches: int = 4  # batches made ahead by a worker thread (0: made inline, on the critical path)
+    # CPU kernels: None takes what `dlrm-scale calibrate` measured faster on this machine (the
+    # hardware profile's cpu_kernels), TorchRec's own where the profile has no measurement
+    cpu_embeddings: str | None = None  # one of CPU_EMBEDDINGS
+    interaction: str | None = None  # one of INTERACTIONS
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "log_every", "eval_batches"):
@@ -67,8 +72,12 @@ class TrainConfig:
                 raise ConfigError(f"train: {name} must be >= 0, got {getattr(self, name)}")
         if self.dense_optimizer not in DENSE_OPTIMIZERS:
             raise ConfigError(f"train: dense_optimizer {self.dense_optimizer!r} is not one of {', '.join(DENSE_OPTIMIZERS)}")
-        if self.cpu_embeddings not in CPU_EMBEDDINGS:
+        if self.cpu_embeddings is not None and self.cpu_embeddings not in CPU_EMBEDDINGS:
             raise ConfigError(f"train: cpu_embeddings {self.cpu_embeddings!r} is not one of {', '.join(CPU_EMBEDDINGS)}")
+        if self.interaction is not None and self.interaction not in INTERACTIONS:
+            raise ConfigError(f"train: interaction {self.interaction!r} is not one of {', '.join(INTERACTIONS)}")
+        if not isinstance(self.prefetch_batches, int) or isinstance(self.prefetch_batches, bool) or self.prefetch_batches < 0:
+            raise ConfigError(f"train: prefetch_batches must be an integer >= 0, got {self.prefetch_batches!r}")
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
 
@@ -149,21 +158,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="go on from the newest complete checkpoint in --checkpoint-dir")
     p.add_argument("--deterministic", action="store_true", help="deterministic kernels; log every step's exact loss")
     p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
+    p.add_argument("--interaction", choices=INTERACTIONS,
+                   help="DLRM's dot interaction: dlrm_scale's symmetric backward or TorchRec's InteractionArch "
+                        "(default: the faster on this machine, as calibrate measured)")
     p.add_argument("--cpu-embeddings", choices=CPU_EMBEDDINGS,
-                   help="on CPU, dlrm_scale's row-wise Adagrad kernel and huge-page tables (default), or FBGEMM's kernel as TorchRec runs it")
+                   help="on CPU, dlrm_scale's row-wise Adagrad kernel and huge-page tables, or FBGEMM's kernel as TorchRec runs it "
+                        "(default: the faster on this machine, as calibrate measured)")
     return p.parse_args(argv)
+
+
+# Where a hardware profile has no measured choice: the kernels TorchRec runs.
+UNMEASURED_CPU_KERNELS = {"embeddings": "fbgemm", "interaction": "torchrec"}
+CPU_KERNEL_CHOICES = {"embeddings": CPU_EMBEDDINGS, "interaction": INTERACTIONS}
+
+
+def measured_cpu_kernels(doc: dict) -> dict[str, str]:
+    """The CPU kernels `dlrm-scale calibrate` measured faster on this machine (the hardware
+    profile's `cpu_kernels`), TorchRec's own for any it did not measure."""
+    path = hardware_path(str(doc.get("hardware", DEFAULT_HARDWARE)))
+    measured = read_yaml(path, "hardware profile").get("cpu_kernels") or {}
+    if not isinstance(measured, dict) or any(k not in CPU_KERNEL_CHOICES or v not in CPU_KERNEL_CHOICES[k] for k, v in measured.items()):
+        raise ConfigError(f"hardware profile {path}: cpu_kernels must map embeddings to one of {', '.join(CPU_EMBEDDINGS)} "
+                          f"and interaction to one of {', '.join(INTERACTIONS)}; re-run dlrm-scale calibrate --kernels-only")
+    return {**UNMEASURED_CPU_KERNELS, **measured}
 
 
 def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> TrainConfig:
     config = section_dataclass(doc, "train", TrainConfig, "config", batch_size=batch_size)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed),
                                    ("eval_every", args.eval_every), ("store_dir", args.store_dir),
-                                   ("cpu_embeddings", args.cpu_embeddings)) if v is not None}
+                                   ("cpu_embeddings", args.cpu_embeddings), ("interaction", args.interaction)) if v is not None}
     if args.no_pipeline:
         overrides["pipeline"] = False
     if args.deterministic:
         overrides.update(deterministic=True, log_every=1)
-    return replace(config, **overrides)
+    config = replace(config, **overrides)
+    if config.cpu_embeddings is None or config.interaction is None:
+        measured = measured_cpu_kernels(doc)
+        config = replace(config, cpu_embeddings=config.cpu_embeddings or measured["embeddings"],
+                         interaction=config.interaction or measured["interaction"])
+    return config
 
 
 def init_distributed() -> tuple[int, int, torch.device]:

@@ -12,7 +12,6 @@ from tqdm import tqdm
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -28,6 +27,8 @@ from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
+from dlrm_scale.phases import PHASES, PhaseTimer, TimedPipeline, instrument
+from dlrm_scale.prefetch import Prefetcher
 from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
 from planner.comm_volume import embedding_comm_bytes
 from planner.errors import PlannerError
@@ -67,13 +68,13 @@ def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: 
 
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,
-                        store_dir: str | None = None):
+                        store_dir: str | None = None, interaction: str = "torchrec"):
     """DMP over `plan`. On CPU, cached tables are sharded as their resident caches (see
     dlrm_scale.tiering); on CUDA they keep FBGEMM's caching kernels."""
     tables = problem.tables
     if device.type == "cpu":
         tables, plan = resident_tables(tables, plan), resident_plan(plan)
-    model = build_model(tables, model_config, device)
+    model = build_model(tables, model_config, device, interaction=interaction)
     optimizer_cls = embedding_optimizer(problem.training.embedding_optimizer)
     apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), {"lr": lr})
     tr = problem.training
@@ -98,7 +99,10 @@ class Trainer:
         torch.manual_seed(config.seed)
         ours_on_cpu = device.type == "cpu" and config.cpu_embeddings == "dlrm_scale"
         self.cpu_kernel = install_cpu_adagrad(problem.training.embedding_optimizer) if ours_on_cpu else None
-        self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir)
+        self.model = build_sharded_model(problem, plan, model_config, config.embedding_lr, device, config.store_dir,
+                                         config.interaction)
+        self.timer = PhaseTimer()
+        instrument(self.model, self.timer)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
             runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed,
@@ -192,58 +196,65 @@ class Trainer:
         cfg = self.config
         self.model.train()
         batches = self.data.batches(start_step, cfg.steps - start_step)
+        if cfg.prefetch_batches:
+            batches = Prefetcher(batches, cfg.prefetch_batches)
+        try:
+            self._loop(start_step, batches)
+        finally:
+            if isinstance(batches, Prefetcher):
+                batches.close()
+
+    def _step(self, pipeline, batches) -> torch.Tensor:
+        """One training step; the loss, detached and not read (reading it would be a host sync on a GPU)."""
+        if pipeline is not None:
+            return pipeline.progress(batches)[0]  # DLRMTrain's (loss, logits, labels), detached
+        timer = self.timer
+        timer.lap("rest")
+        batch = next(batches).to(self.device)
+        timer.lap("data")
+        loss, _ = self.model(batch)
+        timer.lap("dense_fwd")
+        self.optimizer.zero_grad()
+        timer.lap("rest")
+        loss.backward()
+        timer.lap("dense_allreduce")
+        self.optimizer.step()
+        timer.lap("optimizer")
+        return loss.detach()
+
+    def _loop(self, start_step: int, batches) -> None:
+        cfg = self.config
         bad_step = NO_BAD_STEP
         pipeline = None
         if cfg.pipeline:
-            pipeline = (PrefetchingPipeline(self.model, self.optimizer, self.device, self.tiered) if self.tiered is not None
-                        else TrainPipelineSparseDist(self.model, self.optimizer, self.device))
+            pipeline = (PrefetchingPipeline(self.model, self.optimizer, self.device, self.timer, self.tiered) if self.tiered is not None
+                        else TimedPipeline(self.model, self.optimizer, self.device, self.timer))
         cache_before = self.tiered.counters() if self.tiered is not None else {}
-        window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+        window_losses: list[torch.Tensor] = []
+        window_start, window_first = time.perf_counter(), start_step
+        self.timer.take()
         # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
         progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
         for step in range(start_step, cfg.steps):
             self.set_lr(step)
-            if pipeline is not None:
-                loss = pipeline.progress(batches)[0]  # DLRMTrain's (loss, logits, labels), detached
-            else:
-                batch = next(batches).to(self.device)
-                loss, _ = self.model(batch)
-                self.optimizer.zero_grad()
-                loss.backward()
-                self.optimizer.step()
-            local_loss = float(loss.detach())
-            if not math.isfinite(local_loss) and bad_step == NO_BAD_STEP:
-                bad_step = step + 1
-            window_loss += local_loss
-            window_n += 1
+            window_losses.append(self._step(pipeline, batches))
             progress.update(1)
             last = step == cfg.steps - 1
             due_checkpoint = self.checkpoint.directory is not None and (
                 last or (self.checkpoint.every_steps and (step + 1) % self.checkpoint.every_steps == 0)
             )
-            if due_checkpoint or (step + 1) % cfg.log_every == 0 or last:
-                first_bad = self._first_bad_step(bad_step)
-                if first_bad != NO_BAD_STEP:
-                    self._stop_on_bad_loss(first_bad)
-            if (step + 1) % cfg.log_every == 0 or last:
-                elapsed = time.perf_counter() - window_start
-                stats = torch.tensor([window_loss / window_n])
-                dist.all_reduce(stats)
-                loss_mean = float(stats[0]) / self.world
-                memory = torch.tensor(resident_bytes(), dtype=torch.int64)
-                dist.all_reduce(memory, op=dist.ReduceOp.MAX)
-                samples_per_s = window_n * cfg.batch_size * self.world / elapsed
-                emb_bytes, id_bytes = self.meter.reset()
-                self.log({
-                    "step": step + 1, "loss": loss_mean, "samples_per_s": samples_per_s,
-                    # measured on this rank, per step: embeddings and their gradients, and ids
-                    "comm_bytes": emb_bytes // window_n, "id_bytes": id_bytes // window_n,
-                    # the plan's count (planner.comm_volume), at this precision and at fp32
-                    "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
-                    "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
-                    # the largest rank's resident memory now, and its anonymous part
-                    "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
-                })
+            due_log = (step + 1) % cfg.log_every == 0 or last
+            if not (due_checkpoint or due_log):
+                continue
+            losses = torch.stack(window_losses).float()
+            finite = torch.isfinite(losses)
+            if bad_step == NO_BAD_STEP and not bool(finite.all()):
+                bad_step = window_first + int((~finite).nonzero()[0, 0]) + 1
+            first_bad = self._first_bad_step(bad_step)
+            if first_bad != NO_BAD_STEP:
+                self._stop_on_bad_loss(first_bad)
+            if due_log:
+                self._log_window(step + 1, losses, time.perf_counter() - window_start)
                 if self.tiered is not None:  # every rank's caches, summed over the window
                     now = self.tiered.counters()
                     summed = torch.tensor([now[k] - cache_before[k] for k in now], dtype=torch.int64)
@@ -252,10 +263,8 @@ class Trainer:
                     requests = window["cache_hits"] + window["cache_misses"]
                     self.log({"step": step + 1, **window, "cache_hit_rate": window["cache_hits"] / requests if requests else 1.0})
                     cache_before = now
-                progress.set_postfix(loss=f"{loss_mean:.4f}", samples_per_s=f"{samples_per_s:,.0f}")
-                if self.rank == 0:
-                    tqdm.write(f"step {step + 1}/{cfg.steps} loss {loss_mean:.4f} {samples_per_s:,.0f} samples/s")
-                window_start, window_loss, window_n = time.perf_counter(), 0.0, 0
+                progress.set_postfix(samples_per_s=f"{self._last_rate:,.0f}")
+                window_losses, window_first = [], step + 1
             if due_checkpoint:
                 self.save_checkpoint(step + 1)
             if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
@@ -266,13 +275,47 @@ class Trainer:
                 self.model.train()
                 if pipeline is not None and not last:
                     pipeline.attach()
+            if due_log or due_checkpoint:  # the next window starts after logging, saving and evaluating
                 window_start = time.perf_counter()
+                self.timer.take()
         progress.close()
         if self.tiered is not None:
             self.tiered.flush()
         if self.metrics:
             self.metrics.close()
             self.tensorboard.close()
+
+    def _log_window(self, step: int, losses: torch.Tensor, elapsed: float) -> None:
+        """One metrics record for the window ending at `step`: mean loss over ranks, samples/s,
+        comm bytes, memory, and every rank's ms per step in each phase (dlrm_scale.phases)."""
+        cfg, n = self.config, len(losses)
+        phases = self.timer.take()
+        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES)], dtype=torch.float64)
+        gathered = [torch.empty_like(stats) for _ in range(self.world)]
+        with self.meter.paused():  # bookkeeping, not the embeddings' traffic
+            dist.all_gather(gathered, stats)
+        per_rank = torch.stack(gathered)
+        loss_mean = float(per_rank[:, 0].mean())
+        memory = torch.tensor(resident_bytes(), dtype=torch.int64)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        self._last_rate = n * cfg.batch_size * self.world / elapsed
+        emb_bytes, id_bytes = self.meter.reset()
+        record = {
+            "step": step, "loss": loss_mean, "samples_per_s": self._last_rate,
+            # measured on this rank, per step: embeddings and their gradients, and ids
+            "comm_bytes": emb_bytes // n, "id_bytes": id_bytes // n,
+            # the plan's count (planner.comm_volume), at this precision and at fp32
+            "comm_bytes_predicted": int(self.predicted_bytes[self.rank]),
+            "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
+            # the largest rank's resident memory now, and its anonymous part
+            "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
+            "step_ms": elapsed * 1e3 / n,
+            # per phase, ms per step on each rank (index = rank); they add up to step_ms
+            "phase_ms": {p: [round(float(v), 4) for v in per_rank[:, 1 + i]] for i, p in enumerate(PHASES)},
+        }
+        self.log(record)
+        if self.rank == 0:
+            tqdm.write(f"step {step}/{cfg.steps} loss {loss_mean:.4f} {self._last_rate:,.0f} samples/s")
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict:

@@ -55,6 +55,7 @@ PROFILE_KEYS = {
     "cache_id_ns": "cache_id_ns",
     "source": None,
     "calibrated": None,
+    "cpu_kernels": None,  # the trainer's measured kernel choice (dlrm_scale.train); not the planner's
 }
 TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))
 

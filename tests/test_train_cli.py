@@ -27,10 +27,14 @@ def test_comm_precision_parsing():
         parse_comm_precision("fwd=fp4")
 
 
-def test_cpu_embeddings_choice_is_validated():
-    assert TrainConfig().cpu_embeddings == "dlrm_scale"
+def test_cpu_kernel_choices_are_validated():
+    assert TrainConfig().cpu_embeddings is None and TrainConfig().interaction is None  # the profile's measured choice
     with pytest.raises(ConfigError, match="cpu_embeddings 'mkl' is not one of dlrm_scale, fbgemm"):
         TrainConfig(cpu_embeddings="mkl")
+    with pytest.raises(ConfigError, match="interaction 'fast' is not one of dlrm_scale, torchrec"):
+        TrainConfig(interaction="fast")
+    with pytest.raises(ConfigError, match="prefetch_batches must be an integer >= 0"):
+        TrainConfig(prefetch_batches=-1)
 
 
 def test_learning_rate_schedule_follows_mlperf():

@@ -53,7 +53,7 @@ def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="s
     p = problem(optimizer, fwd, bwd)
     plan = every_scheme_plan(p)
     cfg = TrainConfig(steps=steps, batch_size=64, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
-                      log_every=1, eval_batches=1, pipeline=pipeline)
+                      log_every=1, eval_batches=1, pipeline=pipeline, cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
     trainer = Trainer(p, plan, model_config(), cfg, torch.device("cpu"), rank, world, Path(out_dir))
     initial = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if "embedding_bags" not in k}
     initial_tables = full_tables(trainer.model)
@@ -115,9 +115,18 @@ def logged_losses(out_dir: Path) -> list[float]:
 
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_every_scheme_matches_unsharded_training(tmp_path, pipeline):
+    """The sharded run uses dlrm_scale's dot interaction, the reference TorchRec's InteractionArch."""
     result = run_on_ranks(_train_sharded, 2, str(tmp_path), "fp32", "fp32", pipeline, STEPS)
     ref_losses, ref_tables = reference_run(result["initial"], result["initial_tables"], STEPS)
     assert logged_losses(tmp_path) == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    for record in (m for m in metrics(tmp_path) if "phase_ms" in m):  # every rank's phases add up to its step
+        for rank in range(2):
+            phases = {p: ms[rank] for p, ms in record["phase_ms"].items()}
+            assert all(ms >= 0 for ms in phases.values())
+            assert phases["emb_fwd"] > 0 and phases["emb_bwd_opt"] > 0 and phases["dense_fwd"] > 0 and phases["data"] > 0
+            if pipeline and record["step"] < STEPS:  # the last step has no next batch to distribute
+                assert phases["input_dist"] > 0 and phases["a2a_bwd"] > 0
+        assert sum(ms[0] for ms in record["phase_ms"].values()) == pytest.approx(record["step_ms"], rel=0.05)
     for name, ref in ref_tables.items():
         got = result["final_tables"][name]
         assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"

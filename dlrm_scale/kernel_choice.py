@@ -1,0 +1,104 @@
+"""Which CPU kernels are faster on this machine: measured, never assumed.
+
+A kernel tuned on one VM can lose on the next (CPU model, kernel version, THP mode, neighbours),
+so `dlrm-scale calibrate` times each pair here, alternated and repeated, on the shapes that
+dominate an embedding-bound step, and records the winners in the hardware profile's
+`cpu_kernels`; the trainer runs them unless a flag says otherwise.
+- embeddings: FBGEMM's row-wise Adagrad backward on plain pages (TorchRec's way) against ours
+  with the table on huge pages (dlrm_scale.cpu_adagrad, dlrm_scale.huge_pages); forward and
+  backward of a 2M x 64 table at 32 Zipf ids per sample, batch 2,048.
+- interaction: TorchRec's InteractionArch against dlrm_scale.interaction.DotInteraction,
+  forward and backward for 26 tables of dim 64, batch 1,024.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
+
+
+def _ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def _embedding_step(ours: bool, rows: int, dim: int, pooling: int, batch: int):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from dlrm_scale.huge_pages import back_with_huge_pages
+
+    tbe = SplitTableBatchedEmbeddingBagsCodegen([(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                                                optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
+    if ours:
+        back_with_huge_pages(tbe)
+    rng = np.random.default_rng(0)
+    zipf = ZipfIds(rows, DEFAULT_ZIPF, seed=1)
+    # a fresh batch each call, as in training: the same ids again would find their rows cached
+    batches = [torch.from_numpy(zipf.sample(batch * pooling, rng).astype(np.int64)) for _ in range(4)]
+    offsets = torch.arange(0, batch * pooling + 1, pooling)
+    counter = iter(range(10**9))
+
+    def step():
+        out = tbe(batches[next(counter) % len(batches)], offsets)
+        out.backward(torch.ones_like(out))
+
+    return step
+
+
+def time_embeddings(repeats: int = 3, rows: int = 2_000_000, dim: int = 64, pooling: int = 32, batch: int = 2048) -> dict[str, list[float]]:
+    from dlrm_scale.cpu_adagrad import install
+
+    times = {"fbgemm": [], "dlrm_scale": []}
+    for _ in range(repeats):
+        times["fbgemm"].append(_ms(_embedding_step(False, rows, dim, pooling, batch), 8))
+        kernel = install("rowwise_adagrad")
+        if kernel is None:  # it did not build here: FBGEMM's is the only choice
+            return {"fbgemm": times["fbgemm"]}
+        with kernel:
+            times["dlrm_scale"].append(_ms(_embedding_step(True, rows, dim, pooling, batch), 8))
+    return times
+
+
+def time_interactions(repeats: int = 3, tables: int = 26, dim: int = 64, batch: int = 1024) -> dict[str, list[float]]:
+    from torchrec.models.dlrm import InteractionArch
+
+    from dlrm_scale.interaction import DotInteraction
+
+    dense = torch.randn(batch, dim, requires_grad=True)
+    sparse = torch.randn(batch, tables, dim, requires_grad=True)
+    modules = {"torchrec": InteractionArch(tables), "dlrm_scale": DotInteraction(tables)}
+    times = {name: [] for name in modules}
+
+    def step(module):
+        out = module(dense, sparse)
+        out.backward(torch.ones_like(out))
+
+    for _ in range(repeats):
+        for name, module in modules.items():
+            times[name].append(_ms(lambda: step(module), 20))
+    return times
+
+
+def choose_cpu_kernels(repeats: int = 3) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
+    """The faster of each pair by median time, and every time measured (ms per call)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a torchrun rank's share of a CPU
+    try:
+        measured = {"embeddings": time_embeddings(repeats), "interaction": time_interactions(repeats)}
+    finally:
+        torch.set_num_threads(threads)
+    chosen = {kind: min(times, key=lambda name: statistics.median(times[name])) for kind, times in measured.items()}
+    return chosen, measured

@@ -1,0 +1,121 @@
+"""Per-phase wall time of each training step, on each rank, cheap enough to stay on.
+
+A step is cut into consecutive laps at events the step passes anyway: the pipeline's stages
+(TimedPipeline), module forward hooks on DLRM's arches and on the sharded embedding lookups,
+and autograd hooks on the tensors between them. Each lap is charged to the phase that just
+ended, so the phases of a window add up to its wall time by construction; `rest` is what no
+event brackets (framework code between stages, the loop's own bookkeeping).
+
+What each phase holds (CPU, gloo, TrainPipelineSparseDist):
+- data: taking the next batch (with a Prefetcher: only the wait for it).
+- input_dist: launching and waiting for the next batch's id all-to-all.
+- emb_fwd: the embedding lookups; a2a_fwd: launching the pooled-embedding all-to-all and
+  waiting for it (the pooled embeddings of every rank, reshaped).
+- dense_fwd: bottom MLP, interaction, top MLP, loss.
+- dense_bwd: top MLP and interaction backward (until the embeddings' gradient exists), and the
+  bottom MLP's backward.
+- a2a_bwd: the gradient all-to-all, until a lookup's backward starts.
+- emb_bwd_opt: the lookups' backward with the fused optimizer update.
+- dense_allreduce: what is left of the backward after the last compute hook: waiting for
+  DDP's gradient all-reduce.
+- optimizer: the dense optimizer's step.
+- tiering: reading the next batch's missed rows (cached tables on CPU).
+Each lap costs one clock read and a dict update (~1 us); a step has about 15.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+PHASES = ("data", "input_dist", "emb_fwd", "a2a_fwd", "dense_fwd", "dense_bwd", "a2a_bwd", "emb_bwd_opt",
+          "dense_allreduce", "optimizer", "tiering", "rest")
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.totals[phase] += now - self._last
+        self._last = now
+
+    def take(self) -> dict[str, float]:
+        """Seconds per phase since the last take (closing the current lap as `rest`)."""
+        self.lap("rest")
+        out, self.totals = self.totals, dict.fromkeys(PHASES, 0.0)
+        return out
+
+
+def _find(model: torch.nn.Module, suffix: str) -> torch.nn.Module | None:
+    return next((m for name, m in model.named_modules() if name.endswith(suffix)), None)
+
+
+def instrument(model: torch.nn.Module, timer: PhaseTimer) -> None:
+    """Hooks on a DMP-wrapped DLRMTrain: the arches, the sharded lookups and their tensors."""
+    dense_arch, sparse_arch = _find(model, "model.dense_arch"), _find(model, "model.sparse_arch")
+    inter_arch, over_arch = _find(model, "model.inter_arch"), _find(model, "model.over_arch")
+    ebc = _find(model, "sparse_arch.embedding_bag_collection")
+
+    def lap_before(phase: str):
+        return lambda *_: timer.lap(phase)
+
+    def sparse_done(_module, _inputs, output):
+        timer.lap("a2a_fwd")
+        if isinstance(output, torch.Tensor) and output.requires_grad:  # not while the pipeline traces the model
+            output.register_hook(lambda _grad: timer.lap("dense_bwd"))
+
+    def lookup_done(_module, _inputs, output):
+        timer.lap("emb_fwd")
+        if isinstance(output, torch.Tensor) and output.grad_fn is not None:
+            output.grad_fn.register_prehook(lambda _grads: timer.lap("a2a_bwd"))
+            output.grad_fn.register_hook(lambda *_: timer.lap("emb_bwd_opt"))
+
+    dense_arch.register_forward_pre_hook(lap_before("rest"))
+    dense_arch.register_forward_hook(lap_before("dense_fwd"))
+    sparse_arch.register_forward_pre_hook(lap_before("rest"))
+    sparse_arch.register_forward_hook(sparse_done)
+    for lookup in ebc._lookups:  # noqa: SLF001 - TorchRec keeps its lookups here; no public handle
+        lookup.register_forward_pre_hook(lap_before("a2a_fwd"))
+        lookup.register_forward_hook(lookup_done)
+    inter_arch.register_forward_hook(lap_before("dense_fwd"))
+    over_arch.register_forward_hook(lap_before("dense_fwd"))
+    first_weight = next(p for p in dense_arch.parameters() if p.dim() == 2)
+    first_weight.register_post_accumulate_grad_hook(lambda _p: timer.lap("dense_bwd"))
+
+
+class TimedPipeline(TrainPipelineSparseDist):
+    """TorchRec's sparse-dist pipeline with a lap after each of its stages."""
+
+    def __init__(self, model, optimizer, device, timer: PhaseTimer) -> None:
+        super().__init__(model, optimizer, device)
+        self.timer = timer
+
+    def start_sparse_data_dist(self, *args, **kwargs) -> None:
+        self.timer.lap("rest")
+        super().start_sparse_data_dist(*args, **kwargs)
+        self.timer.lap("input_dist")
+
+    def enqueue_batch(self, dataloader_iter) -> bool:
+        self.timer.lap("rest")
+        enqueued = super().enqueue_batch(dataloader_iter)
+        self.timer.lap("data")
+        return enqueued
+
+    def wait_sparse_data_dist(self, context) -> None:
+        self.timer.lap("dense_fwd")  # the loss, after the top MLP's hook
+        super().wait_sparse_data_dist(context)
+        self.timer.lap("input_dist")
+
+    def _backward(self, losses: torch.Tensor) -> None:
+        self.timer.lap("rest")
+        super()._backward(losses)
+        self.timer.lap("dense_allreduce")
+
+    def _optimizer_step(self) -> None:
+        super()._optimizer_step()
+        self.timer.lap("optimizer")

@@ -1,0 +1,66 @@
+"""Batches produced ahead of the step that consumes them, in a worker thread.
+
+The producer (synthetic sampling, Criteo parsing, KJT building) runs mostly in numpy and torch
+kernels that release the GIL, so it overlaps the training step's own kernels and its waits in
+collectives; the step only takes a finished batch from a bounded queue. Order is kept (one
+producer), so batches stay a function of (seed, rank, step). `wait_s` is the time the training
+loop spent waiting for a batch: the data time on the critical path.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator
+
+_END = object()
+
+
+class Prefetcher:
+    def __init__(self, source: Iterator, depth: int = 4) -> None:
+        self._source = source
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self.wait_s = 0.0
+        self._thread = threading.Thread(target=self._produce, name="dlrm-scale-prefetch", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        try:
+            for item in self._source:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._queue.put(e)
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        item = self._queue.get()
+        self.wait_s += time.perf_counter() - start
+        if item is _END:
+            self._queue.put(_END)  # a later next() ends too
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop the worker (it may be blocked on a full queue) and drop what it made."""
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.05)

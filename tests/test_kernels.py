@@ -1,0 +1,82 @@
+"""CPU kernels chosen by measurement: the dot interaction, the profile's choice, the batch prefetcher."""
+
+import threading
+import time
+
+import pytest
+import torch
+from torchrec.models.dlrm import InteractionArch
+
+from dlrm_scale.interaction import DotInteraction
+from dlrm_scale.prefetch import Prefetcher
+from dlrm_scale.train import load_train_config, parse_args
+from planner.errors import ConfigError
+
+
+@pytest.mark.parametrize("tables", [1, 5, 26])
+def test_dot_interaction_matches_torchrecs_values_and_gradients(tables):
+    torch.manual_seed(tables)
+    dense = torch.randn(33, 8, dtype=torch.float64, requires_grad=True)
+    sparse = torch.randn(33, tables, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(33, 8 + tables * (tables + 1) // 2, dtype=torch.float64)
+    results = []
+    for module in (InteractionArch(tables), DotInteraction(tables)):
+        out = module(dense, sparse)
+        grads = torch.autograd.grad(out, (dense, sparse), upstream)
+        results.append((out, *grads))
+    for theirs, ours in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def _args(*flags):
+    return parse_args(["--config", "c.yaml", *flags])
+
+
+def test_kernels_come_from_the_profile_and_flags_override(tmp_path):
+    profile = tmp_path / "box.yaml"
+    profile.write_text("name: box\ncpu_kernels: {embeddings: dlrm_scale, interaction: dlrm_scale}\n")
+    doc = {"hardware": str(profile)}
+    cfg = load_train_config(doc, _args(), 64)
+    assert (cfg.cpu_embeddings, cfg.interaction) == ("dlrm_scale", "dlrm_scale")
+    cfg = load_train_config(doc, _args("--interaction", "torchrec", "--cpu-embeddings", "fbgemm"), 64)
+    assert (cfg.cpu_embeddings, cfg.interaction) == ("fbgemm", "torchrec")
+    profile.write_text("name: box\n")  # never measured: TorchRec's kernels
+    cfg = load_train_config(doc, _args(), 64)
+    assert (cfg.cpu_embeddings, cfg.interaction) == ("fbgemm", "torchrec")
+    profile.write_text("name: box\ncpu_kernels: {interaction: mkl}\n")
+    with pytest.raises(ConfigError, match="cpu_kernels must map embeddings to one of"):
+        load_train_config(doc, _args(), 64)
+
+
+def test_prefetcher_keeps_order_and_ends():
+    batches = Prefetcher(iter(range(50)), depth=3)
+    assert list(batches) == list(range(50))
+    with pytest.raises(StopIteration):
+        next(batches)
+
+
+def test_prefetcher_hands_the_producers_error_to_the_consumer():
+    def source():
+        yield 1
+        raise ValueError("bad row in day_3.tsv")
+
+    batches = Prefetcher(source())
+    assert next(batches) == 1
+    with pytest.raises(ValueError, match="bad row"):
+        next(batches)
+
+
+def test_prefetcher_works_ahead_and_close_stops_a_blocked_worker():
+    made = []
+
+    def source():
+        for i in range(1000):
+            made.append(i)
+            yield i
+
+    batches = Prefetcher(source(), depth=2)
+    time.sleep(0.2)
+    assert 2 <= len(made) <= 4  # the queue's depth, one in the worker's hand, none beyond
+    assert next(batches) == 0
+    batches.close()
+    assert not any(t.name == "dlrm-scale-prefetch" and t.is_alive() for t in threading.enumerate())
