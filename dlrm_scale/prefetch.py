@@ -1,4 +1,6 @@
-"""Batches produced ahead of the step that consumes them, in a worker thread.
+"""Batches produced ahead of the step that consumes them: all before the loop where they fit a
+memory budget (`materialise`, as a reader of preprocessed data holds its data), else in a worker
+thread (`Prefetcher`).
 
 The producer (synthetic sampling, Criteo parsing, KJT building) runs mostly in numpy and torch
 kernels that release the GIL, so it overlaps the training step's own kernels and its waits in
@@ -9,10 +11,13 @@ loop spent waiting for a batch: the data time on the critical path.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
 from typing import Iterator
+
+from torchrec.datasets.utils import Batch
 
 _END = object()
 
@@ -64,3 +69,20 @@ class Prefetcher:
             except queue.Empty:
                 pass
             self._thread.join(timeout=0.05)
+
+
+def batch_bytes(batch: Batch) -> int:
+    kjt = batch.sparse_features
+    tensors = (batch.dense_features, batch.labels, kjt.values(), kjt.lengths())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def materialise(source: Iterator[Batch], num_steps: int, budget_bytes: int) -> tuple[Iterator[Batch], bool]:
+    """Every one of the `num_steps` batches made now, when the first one times `num_steps` fits
+    in `budget_bytes`; otherwise the source as it was (nothing lost). Says which."""
+    first = next(source, None)
+    if first is None:
+        return iter(()), True
+    if batch_bytes(first) * num_steps > budget_bytes:
+        return itertools.chain([first], source), False
+    return iter([first, *source]), True

@@ -57,7 +57,11 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
-    prefetch_batches: int = 4  # batches made ahead by a worker thread (0: made inline, on the critical path)
+    # batches made before the loop when the run's fit in this many MiB per rank (0: never), as a
+    # reader of preprocessed data holds them; else made ahead by a worker thread, this many at a
+    # time (0: inline, on the critical path)
+    materialise_mib: int = 1024
+    prefetch_batches: int = 4
     # CPU kernels: None takes what `dlrm-scale calibrate` measured faster on this machine (the
     # hardware profile's cpu_kernels), TorchRec's own where the profile has no measurement
     cpu_embeddings: str | None = None  # one of CPU_EMBEDDINGS
@@ -76,8 +80,10 @@ class TrainConfig:
             raise ConfigError(f"train: cpu_embeddings {self.cpu_embeddings!r} is not one of {', '.join(CPU_EMBEDDINGS)}")
         if self.interaction is not None and self.interaction not in INTERACTIONS:
             raise ConfigError(f"train: interaction {self.interaction!r} is not one of {', '.join(INTERACTIONS)}")
-        if not isinstance(self.prefetch_batches, int) or isinstance(self.prefetch_batches, bool) or self.prefetch_batches < 0:
-            raise ConfigError(f"train: prefetch_batches must be an integer >= 0, got {self.prefetch_batches!r}")
+        for name in ("prefetch_batches", "materialise_mib"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"train: {name} must be an integer >= 0, got {value!r}")
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
 

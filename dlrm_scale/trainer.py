@@ -28,7 +28,7 @@ from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
 from dlrm_scale.phases import PHASES, PhaseTimer, TimedPipeline, instrument
-from dlrm_scale.prefetch import Prefetcher
+from dlrm_scale.prefetch import Prefetcher, materialise
 from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
 from planner.comm_volume import embedding_comm_bytes
 from planner.errors import PlannerError
@@ -196,7 +196,13 @@ class Trainer:
         cfg = self.config
         self.model.train()
         batches = self.data.batches(start_step, cfg.steps - start_step)
-        if cfg.prefetch_batches:
+        held = False
+        if cfg.materialise_mib:
+            started = time.perf_counter()
+            batches, held = materialise(batches, cfg.steps - start_step, cfg.materialise_mib << 20)
+            if held and self.rank == 0:
+                print(f"rank 0: made the run's {cfg.steps - start_step} batches in {time.perf_counter() - started:.1f} s", flush=True)
+        if not held and cfg.prefetch_batches:
             batches = Prefetcher(batches, cfg.prefetch_batches)
         try:
             self._loop(start_step, batches)

@@ -80,3 +80,16 @@ def test_prefetcher_works_ahead_and_close_stops_a_blocked_worker():
     assert next(batches) == 0
     batches.close()
     assert not any(t.name == "dlrm-scale-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
+    from planner.specs import TableSpec
+    from dlrm_scale.data import SyntheticData
+    from dlrm_scale.prefetch import batch_bytes, materialise
+
+    data = SyntheticData([TableSpec("t", 1000, 8, 3.0)], 4, 64, seed=0, rank=0)
+    size = batch_bytes(data.batch(0))
+    held, made = materialise(data.batches(0, 10), 10, 10 * size)
+    assert made and [b.labels.tolist() for b in held] == [data.batch(s).labels.tolist() for s in range(10)]
+    streamed, made = materialise(data.batches(0, 10), 10, 10 * size - 1)
+    assert not made and [b.labels.tolist() for b in streamed] == [data.batch(s).labels.tolist() for s in range(10)]

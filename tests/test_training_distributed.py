@@ -53,7 +53,8 @@ def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="s
     p = problem(optimizer, fwd, bwd)
     plan = every_scheme_plan(p)
     cfg = TrainConfig(steps=steps, batch_size=64, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
-                      log_every=1, eval_batches=1, pipeline=pipeline, cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
+                      log_every=1, eval_batches=1, pipeline=pipeline, cpu_embeddings="dlrm_scale", interaction="dlrm_scale",
+                      materialise_mib=1024 if pipeline else 0)  # without the pipeline, batches come from the worker thread
     trainer = Trainer(p, plan, model_config(), cfg, torch.device("cpu"), rank, world, Path(out_dir))
     initial = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if "embedding_bags" not in k}
     initial_tables = full_tables(trainer.model)
