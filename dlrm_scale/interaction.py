@@ -1,16 +1,17 @@
-"""DLRM's dot interaction with a backward that uses the symmetry of the Gram matrix.
+"""DLRM's dot interaction, computed without the full Gram matrix and its triangle gather.
 
 TorchRec's `InteractionArch` computes Z = C C^T per sample (C: the dense vector and the F
 pooled embeddings, (F+1) x D), keeps the upper triangle with an advanced-indexing gather, and
 leaves the backward to autograd: two batched matmuls (one per side of the product) and an
 accumulating `index_put` for the gather, which on a CPU is most of the cost (24 ms of a
-~110 ms step for 26 tables, batch 1,024, dim 64, on the benchmark machine). Z is symmetric, so
-dL/dC = (G + G^T) C with G the upper-triangular gradient: one batched matmul, after the
-gradient is scattered (without accumulation: every pair has its own slot) into a symmetric
-matrix. Same output, same gradients up to float summation order.
-
-Which one runs is a measured fact of the machine (`dlrm-scale calibrate`), as for the
-embedding kernels.
+~110 ms step for 26 tables, batch 1,024, dim 64, on the benchmark machine).
+- On CPU, `csrc/dot_interaction_cpu.cpp` forms only the upper-triangle dot products, one
+  sample at a time with its vectors in L1, and its backward dC_i = sum_j g_ij C_j in one pass.
+- Elsewhere (or where the extension did not build), Z is symmetric, so dL/dC = (G + G^T) C
+  with G the upper-triangular gradient: one batched matmul, after the gradient is scattered
+  (every pair has its own slot, so without accumulation) into a symmetric matrix.
+Same output, same gradients up to float summation order. Which of TorchRec's and this one runs
+is a measured fact of the machine (`dlrm-scale calibrate`), as for the embedding kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +19,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dlrm_scale.cpu_extension import built, load
+
 INTERACTIONS = ("dlrm_scale", "torchrec")
+
+
+class _CpuDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, combined: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(combined)
+        return load().dot_interaction_forward(combined)
+
+    @staticmethod
+    def backward(ctx, grad_pairs: torch.Tensor):
+        (combined,) = ctx.saved_tensors
+        return load().dot_interaction_backward(combined, grad_pairs)
 
 
 class _SymmetricDot(torch.autograd.Function):
@@ -54,4 +69,8 @@ class DotInteraction(nn.Module):
         if self.F <= 0:
             return dense_features
         combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)
-        return torch.cat((dense_features, _SymmetricDot.apply(combined, self.upper, self.lower)), dim=1)
+        if combined.device.type == "cpu" and built():
+            pairs = _CpuDot.apply(combined)
+        else:
+            pairs = _SymmetricDot.apply(combined, self.upper, self.lower)
+        return torch.cat((dense_features, pairs), dim=1)

@@ -7,14 +7,20 @@ import pytest
 import torch
 from torchrec.models.dlrm import InteractionArch
 
+from dlrm_scale import interaction
 from dlrm_scale.interaction import DotInteraction
 from dlrm_scale.prefetch import Prefetcher
 from dlrm_scale.train import load_train_config, parse_args
 from planner.errors import ConfigError
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("tables", [1, 5, 26])
-def test_dot_interaction_matches_torchrecs_values_and_gradients(tables):
+def test_dot_interaction_matches_torchrecs_values_and_gradients(tables, compiled, monkeypatch):
+    """Both of ours: the C++ kernel (CPU) and the symmetric batched matmul (elsewhere, or where
+    the extension did not build)."""
+    if not compiled:
+        monkeypatch.setattr(interaction, "built", lambda: False)
     torch.manual_seed(tables)
     dense = torch.randn(33, 8, dtype=torch.float64, requires_grad=True)
     sparse = torch.randn(33, tables, 8, dtype=torch.float64, requires_grad=True)

@@ -9,7 +9,7 @@
 // big table are cold, so the update is memory-latency bound; here the row ids of each table
 // are radix-sorted once and the weight row and momentum of the row 12 runs ahead are
 // prefetched, so the misses overlap.
-#include <torch/extension.h>
+#include "kernels.h"
 
 #include <cmath>
 #include <cstdint>
@@ -162,9 +162,4 @@ void rowwise_adagrad_backward(const torch::Tensor& grad_output, torch::Tensor& w
       });
     });
   });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rowwise_adagrad_backward", &rowwise_adagrad_backward,
-        "Embedding backward with exact row-wise Adagrad fused in (fp32, CPU), updating weights and momentum in place");
 }
