@@ -20,7 +20,8 @@ What each phase holds (CPU, gloo, TrainPipelineSparseDist):
   DDP's gradient all-reduce.
 - optimizer: the dense optimizer's step.
 - tiering: reading the next batch's missed rows (cached tables on CPU).
-Each lap costs one clock read and a dict update (~1 us); a step has about 15.
+A lap is one clock read and a dict update (0.2 us measured); a step has about 15, so with the
+hook calls around them the timers cost ~20 us of an ~85 ms step.
 """
 
 from __future__ import annotations
