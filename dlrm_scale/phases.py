@@ -45,6 +45,10 @@ class PhaseTimer:
         self.totals[phase] += now - self._last
         self._last = now
 
+    def skip(self) -> None:
+        """Leave the time since the last lap out of every phase (evaluation, checkpoints)."""
+        self._last = time.perf_counter()
+
     def take(self) -> dict[str, float]:
         """Seconds per phase since the last take (closing the current lap as `rest`)."""
         self.lap("rest")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -237,8 +236,8 @@ class Trainer:
                         else TimedPipeline(self.model, self.optimizer, self.device, self.timer))
         cache_before = self.tiered.counters() if self.tiered is not None else {}
         window_losses: list[torch.Tensor] = []
-        window_start, window_first = time.perf_counter(), start_step
-        self.timer.take()
+        window_first = start_step
+        self.timer.skip()
         # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
         progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
         for step in range(start_step, cfg.steps):
@@ -250,17 +249,19 @@ class Trainer:
                 last or (self.checkpoint.every_steps and (step + 1) % self.checkpoint.every_steps == 0)
             )
             due_log = (step + 1) % cfg.log_every == 0 or last
-            if not (due_checkpoint or due_log):
+            due_eval = (cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last
+            if not (due_checkpoint or due_log or due_eval):
                 continue
-            losses = torch.stack(window_losses).float()
-            finite = torch.isfinite(losses)
-            if bad_step == NO_BAD_STEP and not bool(finite.all()):
-                bad_step = window_first + int((~finite).nonzero()[0, 0]) + 1
-            first_bad = self._first_bad_step(bad_step)
-            if first_bad != NO_BAD_STEP:
-                self._stop_on_bad_loss(first_bad)
+            if due_checkpoint or due_log:
+                losses = torch.stack(window_losses).float()
+                finite = torch.isfinite(losses)
+                if bad_step == NO_BAD_STEP and not bool(finite.all()):
+                    bad_step = window_first + int((~finite).nonzero()[0, 0]) + 1
+                first_bad = self._first_bad_step(bad_step)
+                if first_bad != NO_BAD_STEP:
+                    self._stop_on_bad_loss(first_bad)
             if due_log:
-                self._log_window(step + 1, losses, time.perf_counter() - window_start)
+                self._log_window(step + 1, losses)
                 if self.tiered is not None:  # every rank's caches, summed over the window
                     now = self.tiered.counters()
                     summed = torch.tensor([now[k] - cache_before[k] for k in now], dtype=torch.int64)
@@ -273,7 +274,7 @@ class Trainer:
                 window_losses, window_first = [], step + 1
             if due_checkpoint:
                 self.save_checkpoint(step + 1)
-            if (cfg.eval_every and (step + 1) % cfg.eval_every == 0 and not last) or last:
+            if due_eval:
                 if pipeline is not None:
                     pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
                 with self.meter.paused():
@@ -281,9 +282,7 @@ class Trainer:
                 self.model.train()
                 if pipeline is not None and not last:
                     pipeline.attach()
-            if due_log or due_checkpoint:  # the next window starts after logging, saving and evaluating
-                window_start = time.perf_counter()
-                self.timer.take()
+            self.timer.skip()  # logging, saving and evaluating are not training: no window counts them
         progress.close()
         if self.tiered is not None:
             self.tiered.flush()
@@ -291,9 +290,10 @@ class Trainer:
             self.metrics.close()
             self.tensorboard.close()
 
-    def _log_window(self, step: int, losses: torch.Tensor, elapsed: float) -> None:
+    def _log_window(self, step: int, losses: torch.Tensor) -> None:
         """One metrics record for the window ending at `step`: mean loss over ranks, samples/s,
-        comm bytes, memory, and every rank's ms per step in each phase (dlrm_scale.phases)."""
+        comm bytes, memory, and every rank's ms per step in each phase (dlrm_scale.phases).
+        The window's time is its training steps' (the slowest rank's sum of phases)."""
         cfg, n = self.config, len(losses)
         phases = self.timer.take()
         stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES)], dtype=torch.float64)
@@ -302,9 +302,10 @@ class Trainer:
             dist.all_gather(gathered, stats)
         per_rank = torch.stack(gathered)
         loss_mean = float(per_rank[:, 0].mean())
+        step_ms = float(per_rank[:, 1:].sum(dim=1).max())
         memory = torch.tensor(resident_bytes(), dtype=torch.int64)
         dist.all_reduce(memory, op=dist.ReduceOp.MAX)
-        self._last_rate = n * cfg.batch_size * self.world / elapsed
+        self._last_rate = cfg.batch_size * self.world * 1e3 / step_ms
         emb_bytes, id_bytes = self.meter.reset()
         record = {
             "step": step, "loss": loss_mean, "samples_per_s": self._last_rate,
@@ -315,8 +316,8 @@ class Trainer:
             "comm_bytes_fp32_predicted": int(self.predicted_bytes_fp32[self.rank]),
             # the largest rank's resident memory now, and its anonymous part
             "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
-            "step_ms": elapsed * 1e3 / n,
-            # per phase, ms per step on each rank (index = rank); they add up to step_ms
+            "step_ms": step_ms,
+            # per phase, ms per step on each rank (index = rank); the slowest rank's add up to step_ms
             "phase_ms": {p: [round(float(v), 4) for v in per_rank[:, 1 + i]] for i, p in enumerate(PHASES)},
         }
         self.log(record)

@@ -99,3 +99,20 @@ def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
     assert made and [b.labels.tolist() for b in held] == [data.batch(s).labels.tolist() for s in range(10)]
     streamed, made = materialise(data.batches(0, 10), 10, 10 * size - 1)
     assert not made and [b.labels.tolist() for b in streamed] == [data.batch(s).labels.tolist() for s in range(10)]
+
+
+def test_phase_laps_add_up_and_skipped_time_counts_nowhere():
+    from dlrm_scale.phases import PHASES, PhaseTimer
+
+    timer = PhaseTimer()
+    timer.skip()
+    time.sleep(0.02)
+    timer.lap("data")
+    time.sleep(0.05)
+    timer.skip()  # an evaluation, say
+    time.sleep(0.02)
+    timer.lap("emb_fwd")
+    took = timer.take()
+    assert set(took) == set(PHASES)
+    assert 0.015 < took["data"] < 0.045 and 0.015 < took["emb_fwd"] < 0.045
+    assert sum(took.values()) < 0.06  # the 50 ms skipped went nowhere

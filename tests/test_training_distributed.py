@@ -127,7 +127,9 @@ def test_every_scheme_matches_unsharded_training(tmp_path, pipeline):
             assert phases["emb_fwd"] > 0 and phases["emb_bwd_opt"] > 0 and phases["dense_fwd"] > 0 and phases["data"] > 0
             if pipeline and record["step"] < STEPS:  # the last step has no next batch to distribute
                 assert phases["input_dist"] > 0 and phases["a2a_bwd"] > 0
-        assert sum(ms[0] for ms in record["phase_ms"].values()) == pytest.approx(record["step_ms"], rel=0.05)
+        sums = [sum(ms[rank] for ms in record["phase_ms"].values()) for rank in range(2)]
+        assert max(sums) == pytest.approx(record["step_ms"], abs=1e-3)  # its steps (phases rounded to 1e-4 ms)
+        assert min(sums) == pytest.approx(record["step_ms"], rel=0.05)  # the ranks move in step
     for name, ref in ref_tables.items():
         got = result["final_tables"][name]
         assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"
