@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from tqdm import tqdm
 
 from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
-from dlrm_scale.kernel_choice import choose_cpu_kernels
+from dlrm_scale.kernel_choice import choose_cpu_kernels, time_ms
 from planner.config import GIB
 from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import ConfigError
@@ -67,14 +67,6 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         active.pop(int(np.argmin(x_active)))
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up: first-touch allocation and caches
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e3
-
-
 def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> list[dict]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -104,13 +96,13 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
                     lookups = cfg.batch_size * pooling
                     ids = torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64))
                     offsets = torch.arange(0, lookups + 1, pooling)
-                    fwd = _time(lambda: tbe(ids, offsets), cfg.repeats)
+                    fwd = time_ms(lambda: tbe(ids, offsets), cfg.repeats)
 
                     def step():
                         out = tbe(ids, offsets)
                         out.backward(torch.ones_like(out))
 
-                    both = _time(step, cfg.repeats)
+                    both = time_ms(step, cfg.repeats)
                     samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
                                     "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
                     if progress:
@@ -152,9 +144,9 @@ def _comm_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repea
         n = max(world, size // 4 // world * world)
         src, out = torch.ones(n), torch.empty(n)
         dist.barrier()
-        a2a = _time(lambda: dist.all_to_all_single(out, src), repeats)
+        a2a = time_ms(lambda: dist.all_to_all_single(out, src), repeats)
         dist.barrier()
-        ar = _time(lambda: dist.all_reduce(src), repeats)
+        ar = time_ms(lambda: dist.all_reduce(src), repeats)
         results.append({"bytes": n * 4, "all_to_all_ms": a2a, "all_reduce_ms": ar})
     if rank == 0:
         queue.put(results)
@@ -209,7 +201,7 @@ def replica_update_ns(cfg: CalibrationConfig) -> float:
             opt.step()
 
         weights.append(rows * dim)
-        times.append(_time(step, cfg.repeats))
+        times.append(time_ms(step, cfg.repeats))
     slope = nonnegative_lstsq(np.array(weights, dtype=float)[:, None] / np.array(times)[:, None], np.ones(len(times)))[0]
     return float(slope * 1e6)
 
@@ -227,7 +219,7 @@ def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), re
     def step():
         mlp(x).sum().backward()
 
-    return flops / (_time(step, repeats) * 1e-3) / 1e9
+    return flops / (time_ms(step, repeats) * 1e-3) / 1e9
 
 
 # (tables, rows, dim, pooling factor) of the small models whose real step time fits the

@@ -13,6 +13,7 @@ dominate an embedding-bound step, and records the winners in the hardware profil
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -22,8 +23,10 @@ import torch
 from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
 
 
-def _ms(fn, repeats: int) -> float:
-    fn()  # warm-up
+def time_ms(fn, repeats: int) -> float:
+    """Mean ms per call of `fn` over `repeats` calls, after one warm-up call (first-touch
+    allocation and caches)."""
+    fn()
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
@@ -49,10 +52,10 @@ def _embedding_step(ours: bool, rows: int, dim: int, pooling: int, batch: int):
     # a fresh batch each call, as in training: the same ids again would find their rows cached
     batches = [torch.from_numpy(zipf.sample(batch * pooling, rng).astype(np.int64)) for _ in range(4)]
     offsets = torch.arange(0, batch * pooling + 1, pooling)
-    counter = iter(range(10**9))
+    ids = itertools.cycle(batches)
 
     def step():
-        out = tbe(batches[next(counter) % len(batches)], offsets)
+        out = tbe(next(ids), offsets)
         out.backward(torch.ones_like(out))
 
     return step
@@ -63,12 +66,12 @@ def time_embeddings(repeats: int = 3, rows: int = 2_000_000, dim: int = 64, pool
 
     times = {"fbgemm": [], "dlrm_scale": []}
     for _ in range(repeats):
-        times["fbgemm"].append(_ms(_embedding_step(False, rows, dim, pooling, batch), 8))
+        times["fbgemm"].append(time_ms(_embedding_step(False, rows, dim, pooling, batch), 8))
         kernel = install("rowwise_adagrad")
         if kernel is None:  # it did not build here: FBGEMM's is the only choice
             return {"fbgemm": times["fbgemm"]}
         with kernel:
-            times["dlrm_scale"].append(_ms(_embedding_step(True, rows, dim, pooling, batch), 8))
+            times["dlrm_scale"].append(time_ms(_embedding_step(True, rows, dim, pooling, batch), 8))
     return times
 
 
@@ -88,7 +91,7 @@ def time_interactions(repeats: int = 3, tables: int = 26, dim: int = 64, batch: 
 
     for _ in range(repeats):
         for name, module in modules.items():
-            times[name].append(_ms(lambda: step(module), 20))
+            times[name].append(time_ms(lambda: step(module), 20))
     return times
 
 

@@ -5,8 +5,8 @@ thread (`Prefetcher`).
 The producer (synthetic sampling, Criteo parsing, KJT building) runs mostly in numpy and torch
 kernels that release the GIL, so it overlaps the training step's own kernels and its waits in
 collectives; the step only takes a finished batch from a bounded queue. Order is kept (one
-producer), so batches stay a function of (seed, rank, step). `wait_s` is the time the training
-loop spent waiting for a batch: the data time on the critical path.
+producer), so batches stay a function of (seed, rank, step). The wait for a batch is the
+step's `data` phase (dlrm_scale.phases).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import time
 from typing import Iterator
 
 from torchrec.datasets.utils import Batch
@@ -27,7 +26,6 @@ class Prefetcher:
         self._source = source
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self.wait_s = 0.0
         self._thread = threading.Thread(target=self._produce, name="dlrm-scale-prefetch", daemon=True)
         self._thread.start()
 
@@ -50,9 +48,7 @@ class Prefetcher:
         return self
 
     def __next__(self):
-        start = time.perf_counter()
         item = self._queue.get()
-        self.wait_s += time.perf_counter() - start
         if item is _END:
             self._queue.put(_END)  # a later next() ends too
             raise StopIteration
