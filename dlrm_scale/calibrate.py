@@ -295,6 +295,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
     (the cost every id pays)."""
     import tempfile
 
+    from dlrm_scale.initial_weights import initial_rows
     from dlrm_scale.row_cache import SetAssociativeCache
     from dlrm_scale.row_store import FileRowStore
     from dlrm_scale.tiering import TieredShard
@@ -303,7 +304,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
     for dim in dims:
         with tempfile.TemporaryDirectory(dir=directory) as d:
             store = FileRowStore(rows, dim, 1, Path(d) / "rows.f32")
-            store.initialise(torch.Generator().manual_seed(0), 0.01)
+            store.initialise(lambda start, stop: initial_rows(0, "calibration", rows, dim, start, stop))
             cache_rows, batch = rows // 10, rows // 40
             shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
                                 SetAssociativeCache(cache_rows, rows), None)

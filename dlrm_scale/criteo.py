@@ -2,8 +2,10 @@
 
 TSV lines are `label \\t 13 integer fields \\t 26 hex categorical fields`, empty fields meaning
 missing. Dense values become log(1 + max(x, 0)); categorical values are hashed into each
-table's cardinality (hex value modulo num_embeddings; missing is 0). Each rank reads every
-world-th line (or row) starting at its rank, so ranks read disjoint parts of the same files.
+table's cardinality (hex value modulo num_embeddings; missing is 0). The lines (or rows) of a
+split are dealt to the ranks in turn, so ranks read disjoint parts of the same files and the
+global batch of a step holds the same lines at any world size (while the first epoch lasts and
+no line is malformed: a malformed line is skipped by the rank it falls to).
 
 Malformed lines are skipped, each with a warning naming its file and line; once more than
 `max_bad_fraction` of the lines read so far are bad (after the first 1,000), reading stops
@@ -142,7 +144,9 @@ class CriteoTSV(_Rows):
             )
 
     def rows(self) -> Iterator[tuple]:
-        index = 0
+        # Lines are held out by their index in the files, then the split's lines are dealt to
+        # the ranks in turn: the global batch of a step is the same lines at any world size.
+        index = position = 0
         for file in self.files:
             try:
                 handle = open(file, encoding="utf-8", errors="replace")
@@ -150,11 +154,11 @@ class CriteoTSV(_Rows):
                 raise CriteoDataError(f"cannot read {file}: {e.strerror}; check the path and its permissions") from None
             with handle:
                 for line_no, line in enumerate(handle, start=1):
-                    mine, index = index % self.world == self.rank, index + 1
-                    if not mine:
+                    held_out, index = index % self.holdout_every == self.holdout_every - 1, index + 1
+                    if held_out != (self.split == "eval"):
                         continue
-                    local = (index - 1) // self.world
-                    if (local % self.holdout_every == self.holdout_every - 1) != (self.split == "eval"):
+                    mine, position = position % self.world == self.rank, position + 1
+                    if not mine:
                         continue
                     self.stats.lines += 1
                     parsed = parse_line(line, self.sizes)
@@ -182,6 +186,7 @@ class CriteoNpy(_Rows):
         self.batch_size, self.rank, self.world = batch_size, rank, world
 
     def rows(self) -> Iterator[tuple]:
+        position = 0  # rows are dealt to the ranks in turn across days, as one stream
         for dense_file in self.days:
             stem = dense_file.name[: -len("dense.npy")]
             try:
@@ -190,7 +195,8 @@ class CriteoNpy(_Rows):
                 labels = np.load(dense_file.with_name(stem + "labels.npy"), mmap_mode="r")
             except (OSError, ValueError) as e:
                 raise CriteoDataError(f"cannot read the {stem}* files in {dense_file.parent}: {e}") from None
-            for i in range(self.rank, len(labels), self.world):
+            first, position = (self.rank - position) % self.world, position + len(labels)
+            for i in range(first, len(labels), self.world):
                 yield float(labels[i].reshape(-1)[0]), np.asarray(dense[i], dtype=np.float32), np.asarray(sparse[i], dtype=np.int64) % self.sizes
 
 

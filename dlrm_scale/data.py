@@ -20,6 +20,9 @@ from planner.specs import TableSpec
 
 DEFAULT_ZIPF = 1.05
 MAX_POOLING = 256
+# Samples drawn from one generator: the unit a global batch is cut into (a rank draws the
+# chunks its slice overlaps; fewer, larger chunks keep numpy's per-call cost off small batches).
+CHUNK_SAMPLES = 1024
 
 
 def feature_name(table: str) -> str:
@@ -82,13 +85,20 @@ class _TableSampler:
 
 
 class SyntheticData:
-    """Deterministic batches for one rank: the same (seed, rank, step) gives the same batch."""
+    """Deterministic batches for one rank, independent of the world size: the global batch of
+    a step is a function of (seed, step, global batch size) only, and rank r of `world` gets
+    its r-th contiguous slice. The global batch is drawn in chunks of CHUNK_SAMPLES samples,
+    each from its own generator, so a rank draws only the chunks its slice overlaps."""
 
-    def __init__(self, tables: Sequence[TableSpec], num_dense: int, batch_size: int, seed: int, rank: int) -> None:
+    def __init__(self, tables: Sequence[TableSpec], num_dense: int, global_batch: int, seed: int, rank: int = 0,
+                 world: int = 1) -> None:
+        if global_batch <= 0 or global_batch % world or not 0 <= rank < world:
+            raise ValueError(f"a global batch of {global_batch} does not split evenly over {world} ranks for rank {rank}")
         self.tables = list(tables)
         self.num_dense = num_dense
-        self.batch_size = batch_size
-        self.seed, self.rank = seed, rank
+        self.global_batch, self.batch_size = global_batch, global_batch // world
+        self.first = rank * self.batch_size  # this rank's first sample in the global batch
+        self.seed = seed
         self.samplers = []
         for i, t in enumerate(self.tables):
             s = DEFAULT_ZIPF if t.zipf_exponent is None else t.zipf_exponent
@@ -98,9 +108,10 @@ class SyntheticData:
         self.dense_weights = hidden.standard_normal(num_dense).astype(np.float32) / np.sqrt(num_dense)
         self.keys = [feature_name(t.name) for t in self.tables]
 
-    def batch(self, step: int) -> Batch:
-        rng = np.random.default_rng([self.seed, self.rank, step])
-        b = self.batch_size
+    def _chunk(self, step: int, chunk: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """Chunk `chunk` of step `step`'s global batch: dense, labels, and per table lengths and ids."""
+        rng = np.random.default_rng([self.seed, step, chunk])
+        b = min(CHUNK_SAMPLES, self.global_batch - chunk * CHUNK_SAMPLES)
         dense = rng.standard_normal((b, self.num_dense)).astype(np.float32)
         logit = dense @ self.dense_weights
         lengths, values = [], []
@@ -114,6 +125,24 @@ class SyntheticData:
             values.append(ids)
         logit = logit * (2.0 / np.sqrt(1 + len(self.samplers)))
         labels = (rng.random(b) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+        return dense, labels, lengths, values
+
+    def batch(self, step: int) -> Batch:
+        first_chunk = self.first // CHUNK_SAMPLES
+        last_chunk = (self.first + self.batch_size - 1) // CHUNK_SAMPLES
+        chunks = [self._chunk(step, c) for c in range(first_chunk, last_chunk + 1)]
+        a = self.first - first_chunk * CHUNK_SAMPLES  # the slice, within the drawn chunks
+        b = a + self.batch_size
+        dense = np.concatenate([c[0] for c in chunks])[a:b]
+        labels = np.concatenate([c[1] for c in chunks])[a:b]
+        lengths, values = [], []
+        for t in range(len(self.samplers)):
+            n = np.concatenate([c[2][t] for c in chunks])
+            ids = np.concatenate([c[3][t] for c in chunks])
+            ends = np.cumsum(n)
+            lo = int(ends[a - 1]) if a else 0
+            lengths.append(n[a:b])
+            values.append(ids[lo:int(ends[b - 1])])
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=self.keys,
             values=torch.from_numpy(np.concatenate(values).astype(np.int64)),

@@ -24,7 +24,7 @@ def table_traces(problem: PlanningProblem, num_dense: int, batches: int, data_pa
     world = problem.cluster.world_size
     b = problem.training.batch_size_per_rank
     if data_path is None:
-        sources = [SyntheticData(problem.tables, num_dense, b, seed, r).batches(0, batches) for r in range(world)]
+        sources = [SyntheticData(problem.tables, num_dense, b * world, seed).batches(0, batches)]  # the whole global batch
     else:
         sources = [criteo_data(data_path, problem.tables, num_dense, b, r, world, "train").batches(0, batches) for r in range(world)]
     traces: dict[str, list[np.ndarray]] = {t.name: [] for t in problem.tables}

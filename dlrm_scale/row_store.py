@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -41,12 +42,12 @@ class MemoryRowStore:
     def nbytes(self) -> int:
         return self.num_rows * self.width * 4
 
-    def initialise(self, generator: torch.Generator, bound: float) -> None:
-        """Weights uniform in [-bound, bound] (TorchRec's default init for a table), state 0."""
+    def initialise(self, weights_of: Callable[[int, int], torch.Tensor]) -> None:
+        """Rows' weights from weights_of(start, stop) (dlrm_scale.initial_weights), state 0."""
         for start in range(0, self.num_rows, CHUNK_ROWS):
             stop = min(self.num_rows, start + CHUNK_ROWS)
             block = torch.zeros(stop - start, self.width, dtype=RECORD_DTYPE)
-            block[:, : self.cols].uniform_(-bound, bound, generator=generator)
+            block[:, : self.cols] = weights_of(start, stop)
             self.fill(start, block)
         self.flush()
 

@@ -11,18 +11,30 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from dlrm_scale.model import EMBEDDING_MODULE_PATH
 
 
-def full_tables(model: torch.nn.Module, dst: int = 0) -> dict[str, torch.Tensor]:
+def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, torch.Tensor]:
     """Every embedding table gathered whole on rank `dst` (an empty dict elsewhere).
 
-    All ranks must call it. Data-parallel tables are plain replicated tensors already.
+    All ranks must call it. Data-parallel tables are plain replicated tensors already. Cached
+    tables (a dlrm_scale.tiering.TieredEmbeddings) are read from their stores.
     """
     prefix = EMBEDDING_MODULE_PATH + ".embedding_bags."
     out = {}
     rank = dist.get_rank()
+    cached = {}
+    for (name, col), shard in (tiered.shards.items() if tiered is not None else []):
+        cached[(name, col)] = shard.records()[:, : shard.weights.shape[1]].clone()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, cached)
+    shards = sorted(((k, v) for part in gathered for k, v in part.items()), key=lambda kv: kv[0])
+    cached_names = {name for (name, _), _ in shards}
+    for (name, col), weights in shards if rank == dst else ():
+        out[name] = weights if name not in out else torch.cat([out[name], weights], dim=1)
     for key, value in model.state_dict().items():
         if not (key.startswith(prefix) and key.endswith(".weight")):
             continue
         name = key[len(prefix) : -len(".weight")]
+        if name in cached_names:
+            continue
         if isinstance(value, ShardedTensor):
             full = torch.empty(value.size(), dtype=value.dtype) if rank == dst else None
             value.gather(dst=dst, out=full)

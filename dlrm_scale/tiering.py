@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -238,6 +237,11 @@ class TieredShard:
         self.flush()
         return self.store.read(torch.arange(self.store.num_rows))
 
+    def initialise(self, weights_of) -> None:
+        """Every row's weights from weights_of(start, stop), optimizer state 0, the cache empty."""
+        self.invalidate()
+        self.store.initialise(weights_of)
+
     def set_weights(self, weights: torch.Tensor) -> None:
         """Start over from these weights and a zero optimizer state (to compare runs)."""
         self.invalidate()
@@ -294,16 +298,15 @@ class TieringRuntime:
     store_dir: Path | None = None
     policy: str = "lru"
     ways: int = CACHE_WAYS
-    seed: int = 0
     prefetch_thread: bool = False  # read ahead in a thread: worth it only with a spare core per rank
 
 
 class TieredEmbeddings:
     """Attaches a store and a cache to every cached shard of a sharded model on this rank."""
 
-    def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime, initialise: bool = True) -> None:
-        """`initialise` False leaves the stores unwritten: a checkpoint is about to fill them."""
-        self.plan, self.rank, self.runtime, self._initialise = plan, rank, runtime, initialise
+    def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime) -> None:
+        """The stores start at zero: dlrm_scale.initial_weights or a checkpoint fills them."""
+        self.plan, self.rank, self.runtime = plan, rank, runtime
         self.shards: dict[tuple[str, int], TieredShard] = {}  # (table, col_offset) -> shard
         self._groups: dict[int, _TBEGroup] = {}
         self._hooks = []
@@ -332,9 +335,6 @@ class TieredEmbeddings:
                 store = FileRowStore(tp.num_embeddings, planned.cols, state_cols, store_file(self.runtime.store_dir, table.name, planned))
             else:
                 store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
-            if self._initialise:
-                gen = torch.Generator().manual_seed(self.runtime.seed * 1_000_003 + zlib.crc32(f"{table.name}/{col}".encode()))
-                store.initialise(gen, (1.0 / tp.num_embeddings) ** 0.5)
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
             shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
             shards[j] = self.shards[(table.name, col)] = shard

@@ -13,7 +13,6 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
-from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from dlrm_scale import checkpoint as ckpt
@@ -22,10 +21,12 @@ from dlrm_scale.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
 from dlrm_scale.huge_pages import back_with_huge_pages
+from dlrm_scale.initial_weights import initialise_embeddings
 from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
 from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
+from dlrm_scale.table_optimizer import ReplicatedTables, fused_optimizer
 from dlrm_scale.phases import PHASES, PhaseTimer, TimedPipeline, instrument
 from dlrm_scale.prefetch import Prefetcher, materialise
 from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
@@ -54,10 +55,6 @@ NO_BAD_STEP = 2**62
 EVAL_SEED_OFFSET = 1_000_003
 
 
-def embedding_optimizer(name: str):
-    return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
-
-
 def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
     """The sharder: quantized comms when asked (dlrm_scale.qcomms); on CUDA, FBGEMM's SSD
     kernel (`key_value`) keeps its files in `store_dir`."""
@@ -74,8 +71,8 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
     if device.type == "cpu":
         tables, plan = resident_tables(tables, plan), resident_plan(plan)
     model = build_model(tables, model_config, device, interaction=interaction)
-    optimizer_cls = embedding_optimizer(problem.training.embedding_optimizer)
-    apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), {"lr": lr})
+    optimizer_cls, kwargs = fused_optimizer(problem.training.embedding_optimizer, lr)
+    apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), kwargs)
     tr = problem.training
     return DistributedModelParallel(
         model,
@@ -104,26 +101,33 @@ class Trainer:
         instrument(self.model, self.timer)
         self.tiered = None
         if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
-            runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy, seed=config.seed,
+            runtime = TieringRuntime(Path(config.store_dir) if config.store_dir else None, problem.tiering.policy,
                                      prefetch_thread=config.prefetch_thread)
-            # a resume fills the stores from the checkpoint: writing their initial rows first would be wasted
-            resuming = resume and bool(ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else [])
-            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime, initialise=not resuming)
+            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime)
+        # a resume loads every table from the checkpoint: writing their initial rows first would be wasted
+        if not (resume and self.checkpoint.directory and ckpt.complete_checkpoints(self.checkpoint.directory)):
+            initialise_embeddings(self.model, {t.name: (t.num_embeddings, t.embedding_dim) for t in problem.tables},
+                                  config.seed, self.tiered)
         if ours_on_cpu:
             on_huge, large = back_with_huge_pages(self.model)
             if rank == 0 and large:
                 print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
-        dense = KeyedOptimizerWrapper(
-            dict(in_backward_optimizer_filter(self.model.named_parameters())),
-            lambda params: dense_cls(params, lr=config.dense_lr),
-        )
-        self.optimizer = CombinedOptimizer([self.model.fused_optimizer, dense])
+        unfused = dict(in_backward_optimizer_filter(self.model.named_parameters()))
+        table_prefix = EMBEDDING_MODULE_PATH + ".embedding_bags."
+        replicated = {k: (k[len(table_prefix):-len(".weight")], p) for k, p in unfused.items() if k.startswith(table_prefix)}
+        dense = KeyedOptimizerWrapper({k: p for k, p in unfused.items() if k not in replicated},
+                                      lambda params: dense_cls(params, lr=config.dense_lr))
+        optimizers = [self.model.fused_optimizer, dense]
+        if replicated:  # data-parallel tables: the embedding optimizer's update, after the all-reduce
+            optimizers.append(ReplicatedTables(replicated, problem.training.embedding_optimizer, config.embedding_lr))
+        self.optimizer = CombinedOptimizer(optimizers)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         nd = model_config.num_dense_features
         if data_path is None:
-            self.data = SyntheticData(problem.tables, nd, config.batch_size, config.seed, rank)
-            self.eval_data = SyntheticData(problem.tables, nd, config.batch_size, config.seed + EVAL_SEED_OFFSET, rank)
+            global_batch = config.batch_size * world
+            self.data = SyntheticData(problem.tables, nd, global_batch, config.seed, rank, world)
+            self.eval_data = SyntheticData(problem.tables, nd, global_batch, config.seed + EVAL_SEED_OFFSET, rank, world)
         else:
             self.data = criteo_data(data_path, problem.tables, nd, config.batch_size, rank, world, "train")
             self.eval_data = criteo_data(data_path, problem.tables, nd, config.batch_size, rank, world, "eval")

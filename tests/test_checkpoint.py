@@ -89,6 +89,59 @@ def test_checkpoint_reshards_to_another_plan(tmp_path, saved, loaded, world_afte
         assert torch.equal(after[name], table), name
 
 
+def row_states(trainer) -> dict[str, torch.Tensor]:
+    """Each table's row-wise Adagrad state whole on every rank, whatever its layout."""
+    import torch.distributed as dist
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    pieces = {}
+    for entry in trainer.optimizer.state_dict()["state"].values():
+        for key, value in entry.items():
+            if key.endswith(".momentum1"):
+                local = ([(s.metadata.shard_offsets[0], s.tensor) for s in value.local_shards()]
+                         if isinstance(value, ShardedTensor) else [(0, value)])
+                pieces[key] = [(offset, t.detach().clone()) for offset, t in local]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, pieces)
+    out = {}
+    for key in {k for part in gathered for k in part}:
+        blocks = dict(sorted(((o, t) for part in gathered for o, t in part.get(key, [])), key=lambda b: b[0]))  # replicas collapse
+        out[key] = torch.cat(list(blocks.values()))
+    return out
+
+
+def dp_plan(world: int, data_parallel: bool) -> Plan:
+    """Row-wise tables, and table 'dp' data-parallel or table-wise."""
+    p = problem()
+    tables = {t.name: table_layout(t, ShardingType.ROW_WISE, list(range(world)), "ddr") for t in p.tables}
+    dp = p.tables_by_name["dp"]
+    tables["dp"] = table_layout(dp, ShardingType.DATA_PARALLEL, list(range(world)), "ddr") if data_parallel else \
+        table_layout(dp, ShardingType.TABLE_WISE, [world - 1], "ddr")
+    return Plan(world, world, tables, (), 0.0, 0.0)
+
+
+def _save_states(rank, world, ckpt_dir, data_parallel):
+    trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out"), ckpt_dir, 2, False, dp_plan(world, data_parallel))
+    trainer.run()
+    return row_states(trainer)
+
+
+def _load_states(rank, world, ckpt_dir, data_parallel):
+    trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, dp_plan(world, data_parallel))
+    trainer.restore()
+    return row_states(trainer)
+
+
+@pytest.mark.parametrize("saved_dp", [True, False])
+def test_a_table_keeps_its_optimizer_state_moving_between_data_parallel_and_sharded(tmp_path, saved_dp):
+    before = run_on_ranks(_save_states, 2, str(tmp_path), saved_dp)
+    after = run_on_ranks(_load_states, 2, str(tmp_path), not saved_dp)
+    assert before["dp.momentum1"].shape == (101,) and before["dp.momentum1"].any()
+    assert set(after) == set(before)
+    for key, state in before.items():
+        assert torch.equal(after[key], state), key
+
+
 def test_partial_and_damaged_checkpoints(tmp_path):
     run_on_ranks(_train, 2, str(tmp_path / "o"), str(tmp_path / "ck"), 4, False, 2)
     ck = tmp_path / "ck"

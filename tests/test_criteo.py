@@ -53,6 +53,31 @@ def test_ranks_read_disjoint_parts_and_holdout_is_separate(tmp_path):
     assert sum(len(s) for s in seen) == len(set().union(*seen)) == 400
 
 
+def test_a_steps_global_batch_holds_the_same_lines_at_every_world_size(tmp_path):
+    path = write_criteo_tsv(tmp_path / "day.tsv", 400)
+
+    def global_batch(world, split, step):
+        batches = [list(CriteoTSV(path, TABLES, 13, 24 // world, r, world, split=split, holdout_every=7).batches(step, 1))[0]
+                   for r in range(world)]
+        return sorted(tuple(x) for b in batches for x in b.dense_features.tolist())
+
+    for split, step in (("train", 5), ("eval", 1)):
+        one = global_batch(1, split, step)
+        assert len(one) == 24 and all(global_batch(w, split, step) == one for w in (2, 3, 4))
+
+
+def test_npy_rows_are_dealt_across_days_as_one_stream(tmp_path):
+    rng = np.random.default_rng(0)
+    for day, n in enumerate((7, 5, 3)):  # day lengths that do not divide the world sizes
+        np.save(tmp_path / f"day_{day}_dense.npy", rng.random((n, 13), dtype=np.float32))
+        np.save(tmp_path / f"day_{day}_sparse.npy", rng.integers(0, 10**7, (n, 26)))
+        np.save(tmp_path / f"day_{day}_labels.npy", rng.integers(0, 2, (n, 1)).astype(np.int32))
+    for world in (2, 3):
+        dealt = [[r[1][0] for r in criteo_data(tmp_path, TABLES, 13, 1, rank, world, "train").rows()] for rank in range(world)]
+        interleaved = [dealt[i % world][i // world] for i in range(12)]
+        assert interleaved == [r[1][0] for r in criteo_data(tmp_path, TABLES, 13, 1, 0, 1, "train").rows()]
+
+
 def test_batches_have_one_id_per_table_and_wrap_around(tmp_path):
     path = write_criteo_tsv(tmp_path / "day.tsv", 50)
     reader = CriteoTSV(path, TABLES, 13, 8, 0, 1, holdout_every=10**9)

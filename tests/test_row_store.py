@@ -16,7 +16,7 @@ def stores(tmp_path):
 @pytest.mark.parametrize("kind", [0, 1])
 def test_writes_survive_log_compaction_and_release(tmp_path, kind):
     store = stores(tmp_path)[kind]
-    store.initialise(torch.Generator().manual_seed(0), 0.1)
+    store.initialise(lambda start, stop: torch.rand(stop - start, 8) * 0.2 - 0.1)
     expected = store.read(torch.arange(1000)).clone()
     assert expected[:, :8].abs().max() <= 0.1 and not expected[:, 8].any()
     g = torch.Generator().manual_seed(1)
@@ -36,7 +36,7 @@ def test_writes_survive_log_compaction_and_release(tmp_path, kind):
 @pytest.mark.parametrize("kind", [0, 1])
 def test_save_and_load_restore_every_record(tmp_path, kind):
     store = stores(tmp_path)[kind]
-    store.initialise(torch.Generator().manual_seed(0), 0.1)
+    store.initialise(lambda start, stop: torch.rand(stop - start, 8) * 0.2 - 0.1)
     store.write(torch.tensor([3, 500]), torch.ones(2, 9))
     store.save(tmp_path / "ckpt.f32")
     saved = store.read(torch.arange(1000)).clone()
