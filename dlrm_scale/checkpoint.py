@@ -1,12 +1,20 @@
-"""Checkpoints with torch.distributed.checkpoint: written whole or not at all, resharded on load.
+"""Checkpoints with torch.distributed.checkpoint: written whole or not at all, verified before
+they are trusted, resharded on load.
 
 Layout of a checkpoint directory:
+    .lock                  held by the job that trains into this directory (one job per directory)
     step_000000120/        one complete checkpoint (renamed into place only once complete)
         .metadata, *.distcp    the sharded model and optimizer state (DCP)
         rank{r}.pt            each rank's RNG state
         meta.json             step, world size, plan digest
+        MANIFEST.json         every other file's size and SHA-256
         COMPLETE              written last, before the rename
-    .step_000000130.tmp/   a save in progress (or one a crash interrupted: ignored, then replaced)
+    .step_000000130.tmp/   a save in progress (or one a crash interrupted: removed by the next job)
+
+Nothing read back is trusted blindly: a checkpoint is resumed only once every file matches its
+manifest; DCP's metadata is unpickled through an allow-list of DCP's own classes and its byte
+items with torch's weights-only loader, so a crafted file is refused instead of run. Resuming
+takes the newest checkpoint that verifies, saying which it skipped and why.
 
 Loading goes through DCP, which maps saved shards onto whatever sharding the current plan
 gives, so a checkpoint saved under one plan (schemes, world size) loads under another.
@@ -14,10 +22,13 @@ gives, so a checkpoint saved under one plan (schemes, world size) loads under an
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import io
 import logging
 import json
 import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +37,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
 
 from planner.errors import PlannerError
 
@@ -35,6 +50,9 @@ LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 
 PREFIX = "step_"
 MARKER = "COMPLETE"
+MANIFEST = "MANIFEST.json"
+LOCK = ".lock"
+HASH_CHUNK_BYTES = 8 << 20
 
 
 class CheckpointError(PlannerError):
@@ -46,6 +64,7 @@ class CheckpointConfig:
     directory: Path | None = None
     every_steps: int = 0  # 0: only at the end
     keep: int = 3
+    resume_from: str | None = None  # a step or a checkpoint path; None: the newest that verifies
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:
@@ -76,11 +95,148 @@ def plan_digest(plan_dict: dict) -> str:
     return hashlib.sha256(json.dumps(plan_dict["tables"], sort_keys=True).encode()).hexdigest()[:16]
 
 
+# ---- one job per directory ----------------------------------------------------------------
+class JobLock:
+    """An exclusive lock on a checkpoint (or store) directory for this job's life. The kernel
+    drops it when the process dies, however it dies, so a crashed job never blocks the next."""
+
+    def __init__(self, directory: Path, what: str = "checkpoint directory") -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._file = open(directory / LOCK, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise CheckpointError(f"{what} {directory} is in use by another job (pid {holder}); "
+                                  f"wait for it to end or choose another directory") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(str(os.getpid()))
+        self._file.flush()
+        for stale in directory.glob(f".{PREFIX}*.tmp"):  # saves a dead job left behind: ours to remove now
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def release(self) -> None:
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+# ---- integrity ---------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> list[str]:
+    """The files a manifest covers, as paths relative to the checkpoint."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
+
+
+def _mine(names: list[str]) -> list[str]:
+    """This rank's share of the files to hash: the work is split over the ranks."""
+    return names[dist.get_rank()::dist.get_world_size()]
+
+
+def _gather(local: dict) -> dict:
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def _write_manifest(directory: Path) -> None:
+    """All ranks: hash the checkpoint's files (split over the ranks); rank 0 writes the manifest."""
+    names = _files(directory)
+    entries = _gather({n: {"bytes": (directory / n).stat().st_size, "sha256": _sha256(directory / n)} for n in _mine(names)})
+    if dist.get_rank() == 0:
+        (directory / MANIFEST).write_text(json.dumps({"files": entries}, indent=0, sort_keys=True))
+
+
+def _damage(directory: Path, name: str, expected: dict) -> str | None:
+    path = directory / name
+    if not path.is_file():
+        return f"{name} is missing"
+    size = path.stat().st_size
+    if size != expected.get("bytes"):
+        return f"{name} is {size} bytes, not {expected.get('bytes')}"
+    if _sha256(path) != expected.get("sha256"):
+        return f"{name} does not match its SHA-256"
+    return None
+
+
+def verify(path: Path) -> str | None:
+    """All ranks: why the checkpoint at `path` cannot be trusted, or None when every file
+    matches its manifest."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise ValueError
+    except FileNotFoundError:
+        files, problem = {}, f"it has no {MANIFEST}"
+    except (OSError, ValueError, KeyError, TypeError):
+        files, problem = {}, f"its {MANIFEST} is unreadable"
+    else:
+        problem = None
+    names = sorted(files)
+    found = _gather({n: _damage(path, n, files[n]) for n in _mine(names)}) if problem is None else {}
+    damaged = [f"{n}: {found[n]}" for n in names if found.get(n)]
+    return problem or (damaged[0] if damaged else None)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata through an allow-list of the classes DCP writes there."""
+
+    ALLOWED = {
+        ("torch.distributed.checkpoint.metadata", name) for name in (
+            "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+            "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+    } | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+         ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+         ("collections", "OrderedDict")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise CheckpointError(f"refusing {module}.{name}: DCP's metadata holds no such class")
+
+
+class _SafeReader(FileSystemReader):
+    def read_metadata(self, *args, **kwargs):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with open(path, "rb") as f:
+            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+        metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafePlanner(DefaultLoadPlanner):
+    """DCP's planner, but byte items (non-tensor state) go through torch's weights-only loader."""
+
+    def load_bytes(self, read_item, value) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def _dcp_load(state: dict, path: Path) -> None:
+    dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner())
+
+
+# ---- save and choose -------------------------------------------------------------------------
 def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: dict, keep: int,
          write_extra: Callable[[Path], None] | None = None) -> Path:
     """Write a checkpoint of `step` atomically: all ranks write into a temporary directory
-    (DCP state, RNG, and whatever `write_extra` adds, e.g. cached tables' stores), rank 0
-    marks it complete and renames it into place, then prunes to the newest `keep`."""
+    (DCP state, RNG, and whatever `write_extra` adds, e.g. cached tables' stores), hash what
+    they wrote into the manifest, then rank 0 marks it complete, renames it into place and
+    prunes to the newest `keep`. The caller holds the directory's JobLock."""
     rank = dist.get_rank()
     tmp = directory / f".{PREFIX}{step:09d}.tmp"
     final = step_dir(directory, step)
@@ -97,6 +253,9 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
     dist.barrier()
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": dist.get_world_size()}))
+    dist.barrier()
+    _write_manifest(tmp)
+    if rank == 0:
         (tmp / MARKER).write_text("")
         if final.exists():
             shutil.rmtree(final)
@@ -105,6 +264,28 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def candidates(directory: Path, resume_from: str | None = None) -> list[tuple[int, Path]]:
+    """The checkpoints a resume may use, newest first: all complete ones, or the one
+    `resume_from` names (a step number or a checkpoint's path)."""
+    if not directory.is_dir():
+        raise CheckpointError(f"--checkpoint-dir {directory} does not exist; check the path, or drop --resume to start afresh")
+    found = complete_checkpoints(directory)
+    if resume_from is None:
+        return found[::-1]
+    if resume_from.isdigit():
+        chosen = [(s, p) for s, p in found if s == int(resume_from)]
+        if not chosen:
+            have = ", ".join(str(s) for s, _ in found) or "none"
+            raise CheckpointError(f"--resume-from {resume_from}: no complete checkpoint of that step in {directory} (steps: {have})")
+        return chosen
+    path = Path(resume_from)
+    chosen = [(s, p) for s, p in found if p.resolve() == path.resolve()]
+    if not chosen:
+        raise CheckpointError(f"--resume-from {resume_from} is not a complete checkpoint in {directory}; "
+                              f"give a step number or one of its step_* folders")
+    return chosen
 
 
 def read_meta(path: Path) -> dict:
@@ -118,13 +299,18 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+def _first_line(e: BaseException) -> str:
+    """What went wrong, in one line; for DCP's per-rank report, the first rank's own error."""
+    if isinstance(e, dcp.api.CheckpointException) and e.failures:
+        e = next(iter(e.failures.values()))[0]
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
     """Load model and optimizer state (resharding as needed) and, on the same world size, each
-    rank's RNG state. Returns the checkpoint's meta (its step among others).
+    rank's RNG state. Returns the checkpoint's meta (its step among others). The caller has
+    verified the checkpoint.
 
     Tables always reshard. Optimizer state reshards too, except where the layouts keep
     different state: row-wise Adagrad keeps one value per row and column shard, so moving a
@@ -133,13 +319,15 @@ def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
     meta = read_meta(path)
     model_state = {"model": model.state_dict()}
     try:
-        dcp.load(model_state, checkpoint_id=str(path))
-    except LOAD_ERRORS as e:  # damaged or foreign files
+        _dcp_load(model_state, path)
+    except LOAD_ERRORS as e:  # foreign files, or a class outside the allow-list
+        if isinstance(e, dcp.api.CheckpointException) and any(isinstance(f[0], CheckpointError) for f in e.failures.values()):
+            raise CheckpointError(f"checkpoint {path}: {_first_line(e)}; it was not written by dlrm-scale, do not resume it") from None
         raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({_first_line(e)}); it is corrupted or for another model") from None
     model.load_state_dict(model_state["model"])
     optim_state = {"optimizer": optimizer.state_dict()}
     try:
-        dcp.load(optim_state, checkpoint_id=str(path))
+        _dcp_load(optim_state, path)
     except LOAD_ERRORS as e:
         if dist.get_rank() == 0:
             log.warning("optimizer state of %s does not map onto this plan (%s); it starts fresh", path, _first_line(e))

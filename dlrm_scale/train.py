@@ -4,6 +4,8 @@
 
 Dense layers are data-parallel, embeddings model-parallel through TorchRec's
 DistributedModelParallel with the plan from `--plan` (or planned on rank 0 and broadcast).
+The plan never changes the model: initial tables, each table's optimizer and the global batch
+of every step depend on the config and seed only, not on the plan or the world size.
 Embedding optimizers are fused into the backward pass (FBGEMM); input distribution of the
 next batch overlaps the current one (TrainPipelineSparseDist).
 """
@@ -11,8 +13,10 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import os
+import signal
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,7 +153,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--planner", choices=["ours", "torchrec"], default="ours",
                    help="who plans at start when no --plan is given (torchrec: its EmbeddingShardingPlanner)")
     p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--batch-size", type=int,
+                   help="per rank; the global batch (this x ranks) of step s is a function of (seed, s) only, "
+                        "so the same samples at any world size")
     p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16 (fp32, fp16, bf16, int8)")
     p.add_argument("--embedding-optimizer", choices=EMBEDDING_OPTIMIZERS)
     p.add_argument("--data", choices=["synthetic", "criteo"], default="synthetic")
@@ -161,8 +167,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", help="where checkpoints go (one subfolder per saved step)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
     p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--resume", action="store_true", help="go on from the newest complete checkpoint in --checkpoint-dir")
-    p.add_argument("--deterministic", action="store_true", help="deterministic kernels; log every step's exact loss")
+    p.add_argument("--resume", action="store_true",
+                   help="go on from the newest checkpoint in --checkpoint-dir (an existing directory) that verifies; "
+                        "damaged ones are skipped, saying why")
+    p.add_argument("--resume-from", metavar="STEP|PATH", help="go on from this checkpoint (a step, or a step_* folder) only")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels; log every step's exact loss (plans that sum in the same order give "
+                        "bitwise equal losses, other plans and world sizes agree to about 1e-5)")
     p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
     p.add_argument("--interaction", choices=INTERACTIONS,
                    help="DLRM's dot interaction: dlrm_scale's symmetric backward or TorchRec's InteractionArch "
@@ -206,9 +217,24 @@ def load_train_config(doc: dict, args: argparse.Namespace, batch_size: int) -> T
     return config
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """torchrun starts each worker in a process group of its own, so killing the launcher's
+    group would leave the workers training, and writing checkpoints, on their own: ask the
+    kernel to kill this worker when its parent (torchrun's agent) dies."""
+    if sys.platform.startswith("linux"):
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the agent died before the request took effect
+            os._exit(1)
+
+
 def init_distributed() -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ:
         raise ConfigError("not started by torchrun: use 'torchrun --nproc_per_node N -m dlrm_scale.train ...' or 'dlrm-scale train'")
+    die_with_launcher()
     cuda = torch.cuda.is_available()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # torchrun's agent hosts the store; otherwise rank 0 does. Keys live under the restart
@@ -263,11 +289,16 @@ def main(argv: list[str] | None = None) -> int:
             plan.save(out_dir / "plan.json")
         if args.data == "criteo" and not args.data_path:
             raise ConfigError("--data criteo needs --data-path")
-        if args.resume and not args.checkpoint_dir:
-            raise ConfigError("--resume needs --checkpoint-dir")
-        checkpoint = CheckpointConfig(Path(args.checkpoint_dir) if args.checkpoint_dir else None, args.checkpoint_every, args.keep_checkpoints)
+        resume = args.resume or args.resume_from is not None
+        if resume and not args.checkpoint_dir:
+            raise ConfigError(f"{'--resume-from' if args.resume_from else '--resume'} needs --checkpoint-dir")
+        if resume and not Path(args.checkpoint_dir).is_dir():
+            raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} does not exist, so there is nothing to resume; "
+                              f"check the path, or create it (a job restarted by torchrun resumes from it)")
+        checkpoint = CheckpointConfig(Path(args.checkpoint_dir) if args.checkpoint_dir else None, args.checkpoint_every,
+                                      args.keep_checkpoints, args.resume_from)
         trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir,
-                          data_path=args.data_path if args.data == "criteo" else None, checkpoint=checkpoint, resume=args.resume)
+                          data_path=args.data_path if args.data == "criteo" else None, checkpoint=checkpoint, resume=resume)
         trainer.run()
         dist.barrier()
         dist.destroy_process_group()

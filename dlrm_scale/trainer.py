@@ -156,22 +156,41 @@ class Trainer:
             group["lr"] = base * factor
 
     def run(self) -> None:
-        start = self.restore() if self.resume else 0
+        lock = ckpt.JobLock(self.checkpoint.directory) if self.rank == 0 and self.checkpoint.directory else None
         try:
+            start = self.restore() if self.resume else 0
             with self.meter.attached():
                 self._run(start)
         finally:
             if self.cpu_kernel is not None:
                 self.cpu_kernel.close()
+            if lock is not None:
+                lock.release()
 
     def restore(self) -> int:
-        """Load the newest complete checkpoint; the step to go on from (0 when there is none)."""
-        found = ckpt.complete_checkpoints(self.checkpoint.directory) if self.checkpoint.directory else []
+        """Load the newest checkpoint that verifies (or the one --resume-from names); the step
+        to go on from (0 when the directory holds none yet). A damaged checkpoint is skipped
+        with a line saying why; when none verifies, nothing is resumed."""
+        directory = self.checkpoint.directory
+        found = ckpt.candidates(directory, self.checkpoint.resume_from)
         if not found:
             if self.rank == 0:
-                print("no complete checkpoint to resume from; starting at step 0", flush=True)
+                print(f"no complete checkpoint in {directory} to resume from; starting at step 0", flush=True)
             return 0
-        step, path = found[-1]
+        for step, path in found:
+            damage = ckpt.verify(path)
+            if damage is None:
+                break
+            if self.checkpoint.resume_from is not None:
+                raise ckpt.CheckpointError(f"checkpoint {path} is damaged ({damage}); choose another with --resume-from")
+            if self.rank == 0:
+                print(f"skipping checkpoint {path}: it is damaged ({damage})", flush=True)
+        else:
+            raise ckpt.CheckpointError(f"no checkpoint in {directory} verifies (the newest, {found[0][1].name}, is damaged); "
+                                       f"nothing was resumed: restore the directory or start afresh without --resume")
+        if step >= self.config.steps:
+            raise ckpt.CheckpointError(f"checkpoint {path} is at step {step}, at or past --steps {self.config.steps}; "
+                                       f"raise --steps to train on")
         meta = ckpt.load(path, self.model, self.optimizer)
         if self.tiered is not None:
             self.tiered.load(path)

@@ -14,7 +14,7 @@ from planner.candidates import cached_kernel_for, compute_kernel_for
 from planner.cost_model import cache_rows
 from planner import json_file
 from planner.errors import PlanFormatError
-from planner.schemes import shard_geometry
+from planner.schemes import COLUMN_ALIGNMENT, row_blocks, shard_geometry
 from planner.solver import Solution
 from planner.specs import ClusterSpec, TableSpec
 from planner.types import TIERS, Perf, ShardingType, Storage
@@ -201,21 +201,27 @@ class Plan:
                 load_factor = need(t, "cache_load_factor", (int, float), where)
                 if not 0 < load_factor <= 1:
                     raise PlanFormatError(f"{source}: {where}.cache_load_factor {load_factor} must be in (0, 1]")
-            rows = t.get("num_embeddings", max(s.row_offset + s.rows for s in shards))
-            cols = t.get("embedding_dim", max(s.col_offset + s.cols for s in shards))
+            rows = need(t, "num_embeddings", int, where) if "num_embeddings" in t else max(s.row_offset + s.rows for s in shards)
+            cols = need(t, "embedding_dim", int, where) if "embedding_dim" in t else max(s.col_offset + s.cols for s in shards)
+            if rows < 1 or cols < 1:
+                raise PlanFormatError(f"{source}: {where} is {rows}x{cols}; a table needs at least one row and column")
             table = TablePlan(st, kernel, rows, cols, tuple(shards), load_factor)
             check_geometry(name, table, source)
+            check_torchrec_shape(name, table, source)
             check_placement(name, table, world, local, source)
             tables[name] = table
         ranks = []
-        for i, r in enumerate(doc.get("ranks", [])):
+        for i, r in enumerate(need(doc, "ranks", list, "plan") if "ranks" in doc else []):
             b = r.get("breakdown_ms", {}) if isinstance(r, dict) else {}
             perf = Perf(b.get("fwd_compute", 0.0), b.get("fwd_comms", 0.0), b.get("bwd_compute", 0.0), b.get("bwd_comms", 0.0))
             if not b:
                 perf = Perf(fwd_compute_ms=float(need(r, "predicted_ms", (int, float), f"ranks[{i}]")))
             mem = need(r, "memory_bytes", dict, f"ranks[{i}]")
             ranks.append(RankPlan(need(r, "rank", int, f"ranks[{i}]"), perf, Storage(*(int(mem.get(t, 0)) for t in TIERS))))
-        predicted = doc.get("predicted", {})
+        predicted = need(doc, "predicted", dict, "plan") if "predicted" in doc else {}
+        for key in ("max_rank_ms", "lower_bound_ms", "solve_seconds"):
+            if key in predicted:
+                need(predicted, key, (int, float), "plan.predicted")
         return cls(
             world_size=world,
             ranks_per_node=local,
@@ -272,6 +278,30 @@ def check_placement(name: str, table: TablePlan, world: int, local: int, source:
         node = ranks[0] // local
         if ranks != [node * local + i for i in range(len(ranks))] or len(ranks) != local:
             raise PlanFormatError(f"{source}: table_row_wise table {name!r} must put row block i on local rank i of one node")
+
+
+def check_torchrec_shape(name: str, table: TablePlan, source: str = "plan") -> None:
+    """The shapes TorchRec's sharders assume of each scheme, which a plan that merely covers
+    its table can break (TorchRec would clamp ids or fail deep in sharding): one whole shard
+    (table-wise), row blocks of ceil(rows / shards) in order (row-wise, as its bucketizer cuts
+    them), full-height column shards a multiple of COLUMN_ALIGNMENT wide (column-wise)."""
+    st, rows, cols = table.sharding_type, table.num_embeddings, table.embedding_dim
+    shards = sorted(table.shards, key=lambda s: (s.row_offset, s.col_offset))
+    if st == ShardingType.TABLE_WISE.value and len(shards) != 1:
+        raise PlanFormatError(f"{source}: table_wise table {name!r} must be one shard, not {len(shards)}; use row_wise or column_wise to split it")
+    if st in (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value):
+        want = row_blocks(rows, len(shards))
+        got = [(s.row_offset, s.rows) for s in shards]
+        if any(s.cols != cols for s in shards) or got != want:
+            raise PlanFormatError(f"{source}: {st} table {name!r} must be cut into full-width row blocks of "
+                                  f"{want[0][1]} rows (ceil of {rows} / {len(shards)}), as TorchRec cuts them; got {[r for _, r in got]}")
+    if st in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
+        if any(s.rows != rows for s in shards):
+            raise PlanFormatError(f"{source}: {st} table {name!r} must be cut into full-height column shards")
+        widths = [s.cols for s in shards]
+        if any(w < 1 or w % COLUMN_ALIGNMENT for w in widths):
+            raise PlanFormatError(f"{source}: {st} table {name!r} has column shards {widths} wide; TorchRec needs each a positive "
+                                  f"multiple of {COLUMN_ALIGNMENT}")
 
 
 def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:

@@ -37,6 +37,11 @@ OPTIMIZER_STATE = {
 DEVICES = ("cuda", "cpu")
 
 
+# Past this every id is the hottest row (the second is 2^-10 as likely); larger and infinite
+# exponents only overflow the samplers.
+MAX_ZIPF_EXPONENT = 10.0
+
+
 def _positive(owner: str, name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value == float("inf"):
         raise ConfigError(f"{owner}: '{name}' must be a positive number, got {value!r}")
@@ -70,9 +75,10 @@ class TableSpec:
             )
         _positive(owner, "pooling_factor", self.pooling_factor)
         if self.zipf_exponent is not None and (
-            not isinstance(self.zipf_exponent, (int, float)) or isinstance(self.zipf_exponent, bool) or not self.zipf_exponent >= 0
+            not isinstance(self.zipf_exponent, (int, float)) or isinstance(self.zipf_exponent, bool)
+            or not 0 <= self.zipf_exponent <= MAX_ZIPF_EXPONENT
         ):
-            raise ConfigError(f"{owner}: 'zipf_exponent' must be >= 0, got {self.zipf_exponent}")
+            raise ConfigError(f"{owner}: 'zipf_exponent' must be a number in [0, {MAX_ZIPF_EXPONENT}], got {self.zipf_exponent!r}")
 
     @property
     def num_parameters(self) -> int:

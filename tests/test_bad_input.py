@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_scale.checkpoint import CheckpointConfig, read_meta
+from dlrm_scale.checkpoint import CheckpointConfig, candidates, read_meta
 from dlrm_scale.criteo import CriteoTSV
 from dlrm_scale.model import ModelConfig
 from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
@@ -78,6 +78,19 @@ def too_small_cache():
 def too_many_bad_lines(tmp: Path):
     path = write_criteo_tsv(tmp / "d.tsv", 1500, {i: BAD_LINES[0] for i in range(1000, 1030)})
     return list(CriteoTSV(path, [TableSpec(f"c{i}", 10, 4) for i in range(26)], 13, 8, 0, 1, holdout_every=10**9).rows())
+
+
+def table_doc(tmp: Path, st: str, shards: list[tuple[int, int, int, int, int]], **fields) -> dict:
+    """A plan whose table 'a' (100x16) is laid out by hand: (rank, row_offset, col_offset, rows, cols)."""
+    doc = plan_doc(tmp)
+    doc["tables"]["a"] = {"sharding_type": st, "compute_kernel": "fused", "num_embeddings": 100, "embedding_dim": 16,
+                          "shards": [dict(zip(("rank", "row_offset", "col_offset", "rows", "cols"), s), tier="hbm") for s in shards],
+                          **fields}
+    return doc
+
+
+def load_doc(doc: dict) -> Plan:
+    return Plan.from_dict(doc, source="p.json")
 
 
 CASES = [
@@ -161,6 +174,32 @@ CASES = [
     ("missing stats file", lambda t: load_stats(t / "s.json"),
      "stats file {t}/s.json does not exist; write one with 'dlrm-scale profile CONFIG --out {t}/s.json'"),
     ("unknown cache policy", lambda t: TieringSpec(policy="fifo"), "tiering: policy 'fifo' is not one of lru, lfu"),
+    ("row-wise blocks TorchRec does not cut", lambda t: load_doc(table_doc(t, "row_wise", [(0, 0, 0, 3, 16), (1, 3, 0, 97, 16)])),
+     "p.json: row_wise table 'a' must be cut into full-width row blocks of 50 rows (ceil of 100 / 2), as TorchRec cuts them; got [3, 97]"),
+    ("table-wise table split by rows", lambda t: load_doc(table_doc(t, "table_wise", [(0, 0, 0, 50, 16), (1, 50, 0, 50, 16)])),
+     "p.json: table_wise table 'a' must be one shard, not 2; use row_wise or column_wise to split it"),
+    ("column-wise table split by rows", lambda t: load_doc(table_doc(t, "column_wise", [(0, 0, 0, 50, 16), (1, 50, 0, 50, 16)])),
+     "p.json: column_wise table 'a' must be cut into full-height column shards"),
+    ("column shards not a multiple of 4", lambda t: load_doc(table_doc(t, "column_wise", [(0, 0, 0, 100, 6), (1, 0, 6, 100, 10)])),
+     "p.json: column_wise table 'a' has column shards [6, 10] wide; TorchRec needs each a positive multiple of 4"),
+    ("an empty shard", lambda t: load_doc(table_doc(t, "column_wise", [(0, 0, 0, 100, 8), (1, 0, 8, 100, 8), (0, 0, 0, 0, 0)])),
+     "p.json: column_wise table 'a' must be cut into full-height column shards"),
+    ("rows of the wrong type in a plan", lambda t: load_doc(table_doc(t, "table_wise", [(0, 0, 0, 100, 16)], num_embeddings="x")),
+     "p.json: tables['a'].num_embeddings has the wrong type (str)"),
+    ("a zero-row table in a plan", lambda t: load_doc(table_doc(t, "table_wise", [(0, 0, 0, 0, 16)], num_embeddings=0)),
+     "p.json: tables['a'] is 0x16; a table needs at least one row and column"),
+    ("plan ranks not a list", lambda t: load_doc(plan_doc(t, ranks=5)), "p.json: plan.ranks has the wrong type (int)"),
+    ("plan predictions not an object", lambda t: load_doc(plan_doc(t, predicted=[])), "p.json: plan.predicted has the wrong type (list)"),
+    ("predicted time of the wrong type", lambda t: load_doc(plan_doc(t, predicted={"max_rank_ms": "fast"})),
+     "p.json: plan.predicted.max_rank_ms has the wrong type (str)"),
+    ("infinite zipf exponent", lambda t: load_problem(config(t, BASE + "tables:\n  - {name: a, num_embeddings: 5, embedding_dim: 4, zipf_exponent: .inf}\n")),
+     "table 'a': 'zipf_exponent' must be a number in [0, 10.0], got inf"),
+    ("resume from a step that is not there", lambda t: candidates(checkpoint_dir(t, True, '{"step": 5}').parent, "7"),
+     "--resume-from 7: no complete checkpoint of that step in {t} (steps: 5)"),
+    ("resume from a path that is not a checkpoint", lambda t: candidates(t, str(t / "elsewhere")),
+     "--resume-from {t}/elsewhere is not a complete checkpoint in {t}; give a step number or one of its step_* folders"),
+    ("resume from a directory that does not exist", lambda t: candidates(t / "nope"),
+     "--checkpoint-dir {t}/nope does not exist; check the path, or drop --resume to start afresh"),
     ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
      "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]

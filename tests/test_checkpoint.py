@@ -155,10 +155,120 @@ def test_partial_and_damaged_checkpoints(tmp_path):
     assert [s for s, _ in complete_checkpoints(ck)] == [2, 4]
     with pytest.raises(CheckpointError, match="is partial"):
         read_meta(partial)
-    # a damaged one fails to load with one line
-    damaged = ck / "step_000000004"
-    for f in damaged.glob("*.distcp"):
-        f.write_bytes(f.read_bytes()[:100])
+    # every checkpoint damaged: nothing is resumed, and the job says so in one line
+    for step in (2, 4):
+        for f in (ck / f"step_00000000{step}").glob("*.distcp"):
+            f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(Exception) as e:
         run_on_ranks(_train, 2, str(tmp_path / "o2"), str(ck), 6, True, 0)
-    assert "cannot be loaded into this model" in str(e.value)
+    assert "no checkpoint in" in str(e.value) and "verifies" in str(e.value)
+    assert not (tmp_path / "o2" / "metrics.jsonl").exists() or "loss" not in (tmp_path / "o2" / "metrics.jsonl").read_text()
+
+
+def _damage(path: Path, kind: str) -> None:
+    data = path.read_bytes()
+    if kind == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # flip 4 KiB (or all of a small file) in the middle
+        start = max(0, len(data) // 2 - 2048)
+        path.write_bytes(data[:start] + bytes(b ^ 0xFF for b in data[start:start + 4096]) + data[start + 4096:])
+
+
+def _resume_each_damaged(rank, world, root):
+    """For every file of the newest checkpoint, flipped and truncated: which step a resume takes."""
+    import dataclasses
+    import torch.distributed as dist
+
+    root = Path(root)
+    trainer = make_trainer(rank, world, str(root / "o"), str(root / "ck"), 4, False, every_scheme_plan(problem()), 2)
+    trainer.run()
+    newest = root / "ck" / "step_000000004"
+    names = sorted(p.name for p in newest.iterdir() if p.is_file() and p.name != "COMPLETE")
+    outcomes = {}
+    for name in names:
+        for kind in ("flip", "truncate"):
+            case = root / f"case_{name}_{kind}"
+            if rank == 0:
+                shutil.copytree(root / "ck", case, ignore=shutil.ignore_patterns(".lock"))
+                _damage(case / newest.name / name, kind)
+            dist.barrier()
+            trainer.checkpoint = dataclasses.replace(trainer.checkpoint, directory=case)
+            try:
+                outcomes[(name, kind)] = trainer.restore()
+            except CheckpointError as e:
+                outcomes[(name, kind)] = str(e)
+            dist.barrier()
+    return outcomes
+
+
+def test_every_flipped_or_truncated_file_is_detected_and_the_older_checkpoint_resumed(tmp_path, capfd):
+    outcomes = run_on_ranks(_resume_each_damaged, 2, str(tmp_path))
+    names = {name for name, _ in outcomes}
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rank0.pt", "rank1.pt", "meta.json", "MANIFEST.json"} <= names
+    for (name, kind), outcome in outcomes.items():
+        assert outcome == 2, (name, kind, outcome)  # never the damaged step 4, never a traceback
+    assert "skipping checkpoint" in capfd.readouterr().out
+
+
+def _resume_from(rank, world, ck, resume_from, steps):
+    trainer = make_trainer(rank, world, str(Path(ck) / "o3"), ck, steps, True, every_scheme_plan(problem()))
+    trainer.checkpoint = __import__("dataclasses").replace(trainer.checkpoint, resume_from=resume_from)
+    try:
+        return trainer.restore()
+    except CheckpointError as e:
+        return str(e)
+
+
+def test_resume_from_a_chosen_step_or_path(tmp_path):
+    ck = tmp_path / "ck"
+    run_on_ranks(_train, 2, str(tmp_path / "o"), str(ck), 4, False, 2)
+    assert run_on_ranks(_resume_from, 2, str(ck), "2", 6) == 2
+    assert run_on_ranks(_resume_from, 2, str(ck), str(ck / "step_000000002"), 6) == 2
+    assert "no complete checkpoint of that step" in run_on_ranks(_resume_from, 2, str(ck), "3", 6)
+    assert "at or past --steps 4" in run_on_ranks(_resume_from, 2, str(ck), "4", 4)
+    _damage(ck / "step_000000002" / "rank1.pt", "flip")
+    assert "is damaged (rank1.pt" in run_on_ranks(_resume_from, 2, str(ck), "2", 6)
+
+
+def test_a_crafted_metadata_file_is_refused_not_run(tmp_path):
+    """A pickle that would run code when DCP unpickles .metadata, with a manifest rewritten to
+    match it (integrity is no defence against someone who can write the directory)."""
+    import hashlib
+    import pickle
+
+    ck = tmp_path / "ck"
+    run_on_ranks(_train, 2, str(tmp_path / "o"), str(ck), 2, False, 0)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (eval, (f"open({str(marker)!r}, 'w').write('ran')",))
+
+    step = ck / "step_000000002"
+    (step / ".metadata").write_bytes(pickle.dumps(Payload()))
+    manifest = json.loads((step / "MANIFEST.json").read_text())
+    data = (step / ".metadata").read_bytes()
+    manifest["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (step / "MANIFEST.json").write_text(json.dumps(manifest))
+    outcome = run_on_ranks(_resume_from, 2, str(ck), None, 6)
+    assert isinstance(outcome, str) and "refusing builtins.eval" in outcome, outcome
+    assert not marker.exists()
+
+
+def _hold_lock(rank, world, ck):
+    from dlrm_scale.checkpoint import JobLock
+
+    lock = JobLock(Path(ck))
+    try:
+        JobLock(Path(ck))
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        lock.release()
+
+
+def test_one_job_per_checkpoint_directory(tmp_path):
+    (tmp_path / ".step_000000003.tmp").mkdir()
+    message = run_on_ranks(_hold_lock, 1, str(tmp_path))
+    assert "is in use by another job (pid" in message
+    assert not (tmp_path / ".step_000000003.tmp").exists()  # a dead job's save, removed under the lock

@@ -21,6 +21,7 @@ STEPS, EVERY, KILL_AFTER = 120, 20, 50
 
 
 def command(tmp: Path, name: str, restarts: int) -> list[str]:
+    (tmp / f"{name}_ck").mkdir(exist_ok=True)  # --resume needs the directory to exist
     # --standalone: c10d rendezvous; the static one hands restarted workers stale gloo addresses
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", f"--max-restarts={restarts}",
             "-m", "dlrm_scale.train", "--config", "configs/tiny.yaml", "--steps", str(STEPS), "--deterministic",
