@@ -40,7 +40,8 @@ def add_plan_parser(sub) -> None:
 
 
 def add_train_parser(sub) -> None:
-    p = sub.add_parser("train", help="start torchrun with dlrm_scale.train (other flags pass through)")
+    p = sub.add_parser("train", add_help=False, help="start torchrun with dlrm_scale.train (its flags follow the launcher's)")
+    p.add_argument("-h", "--help", action="store_true")
     p.add_argument("--nproc-per-node", type=int, default=2)
     p.add_argument("--nnodes", default="1", help="torchrun --nnodes, e.g. 2 or 1:4 for elastic")
     p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous for multi-node jobs")
@@ -207,35 +208,66 @@ def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
     return "\n".join(lines)
 
 
+LAUNCHER_HELP = """usage: dlrm-scale train [--nproc-per-node N] [--nnodes N|MIN:MAX] [--rdzv-endpoint HOST:PORT] [--rdzv-id ID] TRAINER FLAGS
+
+Starts torchrun with dlrm_scale.train after checking every flag and the config here.
+  --nproc-per-node N     ranks on this node (default 2)
+  --nnodes N|MIN:MAX     nodes (default 1); MIN:MAX for an elastic job
+  --rdzv-endpoint H:P    rendezvous of a multi-node job; without it, rendezvous stays on 127.0.0.1
+  --rdzv-id ID           job id at the rendezvous (default dlrm-scale)
+
+The trainer's flags:
+"""
+
+
+def node_count(nnodes: str) -> int | None:
+    """--nnodes as a number, None for an elastic MIN:MAX range; one line for anything else."""
+    text = str(nnodes)
+    low, _, high = text.partition(":")
+    if not (low.isdigit() and (not high or high.isdigit())) or int(low) < 1 or (high and int(high) < int(low)):
+        raise ConfigError(f"--nnodes {text!r} must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX")
+    return None if high else int(low)
+
+
 def preflight(args: argparse.Namespace, rest: list[str]) -> None:
-    """The trainer's config and plan checks, run here so a mistake is one line, not a torchrun report."""
-    trainer = argparse.ArgumentParser(add_help=False)
-    trainer.add_argument("--config")
-    trainer.add_argument("--plan")
-    trainer.add_argument("--store-dir")
-    known, _ = trainer.parse_known_args(rest)
-    if not known.config:
-        raise ConfigError("train: give --config CONFIG.yaml")
-    nodes = int(args.nnodes) if str(args.nnodes).isdigit() else None
+    """The trainer's flag, config and plan checks, run here so a mistake is one line, not a torchrun report."""
+    from dlrm_scale.train import check_settings, parse_args
+
+    if args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    nodes = node_count(args.nnodes)
+    trainer_args = parse_args(rest)
+    settings = check_settings(trainer_args)
     cluster = {"world_size": args.nproc_per_node * nodes, "ranks_per_node": args.nproc_per_node} if nodes else {}
-    problem = load_problem(known.config, cluster_overrides=cluster)
-    if known.plan and nodes:
+    problem = load_problem(trainer_args.config, cluster_overrides=cluster, training_overrides=settings.training_overrides)
+    if trainer_args.plan and nodes:
         from dlrm_scale.tiering import check_store_directory
         from dlrm_scale.train import check_plan_matches
 
-        plan = Plan.load(known.plan)
+        plan = Plan.load(trainer_args.plan)
         check_plan_matches(plan, problem, args.nproc_per_node * nodes)
         if nodes == 1:  # on one node this machine holds every rank's SSD rows
-            store = Path(known.store_dir) if known.store_dir else None
+            store = Path(trainer_args.store_dir) if trainer_args.store_dir else None
             check_store_directory(plan, list(range(args.nproc_per_node)), store, problem.training.embedding_optimizer)
+    if settings.checkpoint.directory is not None and settings.checkpoint.directory.is_dir():
+        from dlrm_scale.checkpoint import JobLock
+
+        JobLock(settings.checkpoint.directory).release()  # busy: say so now (the job itself holds it while it runs)
 
 
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.help:
+        from dlrm_scale.train import parse_args
+
+        print(LAUNCHER_HELP, end="")
+        parse_args(["--help"])
     preflight(args, rest)
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     cmd = [torchrun, f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
     if args.rdzv_endpoint:
         cmd += ["--rdzv_backend=c10d", f"--rdzv_endpoint={args.rdzv_endpoint}", f"--rdzv_id={args.rdzv_id}"]
+    else:  # one node: the rendezvous and the process group's store listen on loopback only
+        cmd += ["--master_addr=127.0.0.1"]
     cmd += ["-m", "dlrm_scale.train", *rest]
     return subprocess.call(cmd, env=os.environ.copy())
 

@@ -18,6 +18,7 @@ import datetime
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -102,8 +103,15 @@ class TrainConfig:
 
 
 def parse_comm_precision(text: str) -> tuple[str, str]:
-    """'fwd=fp16,bwd=bf16' or 'fp16' (both directions)."""
-    parts = dict(p.split("=", 1) if "=" in p else ("both", p) for p in text.split(",") if p)
+    """'fwd=fp16,bwd=bf16' or 'fp16' (both directions); each direction given at most once."""
+    parts: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, _, value = part.rpartition("=") if "=" in part else ("both", "", part)
+        if key not in ("fwd", "bwd", "both"):
+            raise ConfigError(f"--comm-precision: {key!r} is not a direction; write fwd=P,bwd=P or one precision for both")
+        if key in parts or (key == "both" and parts) or (key != "both" and "both" in parts):
+            raise ConfigError(f"--comm-precision {text!r} gives a direction twice; write fwd=P,bwd=P or one precision for both")
+        parts[key] = value
     fwd = parts.get("fwd", parts.get("both", "fp32"))
     bwd = parts.get("bwd", parts.get("both", "fp32"))
     for p in (fwd, bwd):
@@ -251,32 +259,82 @@ def init_distributed() -> tuple[int, int, torch.device]:
     return rank, dist.get_world_size(), device
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything the flags and the config say, checked before any process group or long work."""
+
+    doc: dict
+    training_overrides: dict
+    model: ModelConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    resume: bool
+
+
+def _writable_dir(flag: str, path: Path) -> None:
+    """Make `path` (a directory the job writes into) and prove it takes a file, before any work."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be written ({e.strerror}); choose another {flag}") from None
+
+
+def check_settings(args: argparse.Namespace) -> RunSettings:
+    """Every flag and config value the trainer reads, validated where it is read: a mistake is
+    one line here, not a traceback from every rank after minutes of start-up."""
+    doc = read_yaml(Path(args.config), "config")
+    training_overrides = {}
+    if args.batch_size is not None:
+        if args.batch_size <= 0:
+            raise ConfigError(f"--batch-size must be a positive integer, got {args.batch_size}")
+        training_overrides["batch_size_per_rank"] = args.batch_size
+    if args.embedding_optimizer:
+        training_overrides["embedding_optimizer"] = args.embedding_optimizer
+    if args.comm_precision is not None:
+        fwd, bwd = parse_comm_precision(args.comm_precision)
+        training_overrides.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
+    problem = load_problem(args.config, training_overrides=training_overrides)  # the sections' own checks
+    parse_comm_precision(f"fwd={problem.training.fwd_comm_precision},bwd={problem.training.bwd_comm_precision}")
+    if problem.training.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+        raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(EMBEDDING_OPTIMIZERS)} to train")
+    model = section_dataclass(doc, "model", ModelConfig, "config")
+    train = load_train_config(doc, args, problem.training.batch_size_per_rank)
+    if args.data == "criteo" and not args.data_path:
+        raise ConfigError("--data criteo needs --data-path")
+    if args.data_path is not None and not Path(args.data_path).exists():
+        raise ConfigError(f"--data-path {args.data_path} does not exist; check the path")
+    if args.plan is not None:
+        Plan.load(args.plan)
+    _writable_dir("--out-dir", Path(args.out_dir))
+    resume = args.resume or args.resume_from is not None
+    if resume and not args.checkpoint_dir:
+        raise ConfigError(f"{'--resume-from' if args.resume_from else '--resume'} needs --checkpoint-dir")
+    if resume and not Path(args.checkpoint_dir).is_dir():
+        raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} does not exist, so there is nothing to resume; "
+                          f"check the path, or create it (a job restarted by torchrun resumes from it)")
+    if args.checkpoint_dir:
+        _writable_dir("--checkpoint-dir", Path(args.checkpoint_dir))
+    checkpoint = CheckpointConfig(Path(args.checkpoint_dir) if args.checkpoint_dir else None, args.checkpoint_every,
+                                  args.keep_checkpoints, args.resume_from)
+    return RunSettings(doc, training_overrides, model, train, checkpoint, resume)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         from dlrm_scale.trainer import Trainer
 
         args = parse_args(argv)
-        doc = read_yaml(Path(args.config), "config")
+        settings = check_settings(args)
         rank, world, device = init_distributed()
-        training_overrides = {}
-        if args.batch_size:
-            training_overrides["batch_size_per_rank"] = args.batch_size
-        if args.embedding_optimizer:
-            training_overrides["embedding_optimizer"] = args.embedding_optimizer
-        if args.comm_precision:
-            fwd, bwd = parse_comm_precision(args.comm_precision)
-            training_overrides.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         problem = load_problem(
             args.config,
             cluster_overrides={"world_size": world, "ranks_per_node": local, "device": device.type},
-            training_overrides=training_overrides,
+            training_overrides=settings.training_overrides,
         )
-        parse_comm_precision(f"fwd={problem.training.fwd_comm_precision},bwd={problem.training.bwd_comm_precision}")
-        if problem.training.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
-            raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(EMBEDDING_OPTIMIZERS)} to train")
-        model_config = section_dataclass(doc, "model", ModelConfig, "config")
-        train_config = load_train_config(doc, args, problem.training.batch_size_per_rank)
+        train_config = settings.train
         plan = obtain_plan(args.plan, args.planner, problem, rank, world)
         check_precision_supported(plan, problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
         if device.type == "cpu":
@@ -287,18 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
             plan.save(out_dir / "plan.json")
-        if args.data == "criteo" and not args.data_path:
-            raise ConfigError("--data criteo needs --data-path")
-        resume = args.resume or args.resume_from is not None
-        if resume and not args.checkpoint_dir:
-            raise ConfigError(f"{'--resume-from' if args.resume_from else '--resume'} needs --checkpoint-dir")
-        if resume and not Path(args.checkpoint_dir).is_dir():
-            raise ConfigError(f"--checkpoint-dir {args.checkpoint_dir} does not exist, so there is nothing to resume; "
-                              f"check the path, or create it (a job restarted by torchrun resumes from it)")
-        checkpoint = CheckpointConfig(Path(args.checkpoint_dir) if args.checkpoint_dir else None, args.checkpoint_every,
-                                      args.keep_checkpoints, args.resume_from)
-        trainer = Trainer(problem, plan, model_config, train_config, device, rank, world, out_dir,
-                          data_path=args.data_path if args.data == "criteo" else None, checkpoint=checkpoint, resume=resume)
+        trainer = Trainer(problem, plan, settings.model, train_config, device, rank, world, out_dir,
+                          data_path=args.data_path if args.data == "criteo" else None, checkpoint=settings.checkpoint,
+                          resume=settings.resume)
         trainer.run()
         dist.barrier()
         dist.destroy_process_group()
