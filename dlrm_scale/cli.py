@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import math
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +21,23 @@ from planner.plan import Plan
 from planner.planning import make_plan
 from planner.report import format_plan, plot_plan
 from planner.solver import SolverConfig
+
+
+def check_output_file(flag: str, path: str | None) -> None:
+    """An output path a command will write, checked before its work starts: not a directory,
+    in a folder that exists and takes a file."""
+    if path is None:
+        return
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"{flag} {out} is a directory; give a file path in it")
+    if not out.parent.is_dir():
+        raise ConfigError(f"{flag} {out}: folder {out.parent} does not exist; create it or choose another {flag}")
+    try:
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag} {out}: folder {out.parent} cannot be written ({e.strerror}); choose another {flag}") from None
 
 
 def add_plan_parser(sub) -> None:
@@ -68,8 +87,9 @@ def run_profile(args: argparse.Namespace) -> int:
 
     if args.data == "criteo" and not args.data_path:
         raise ConfigError("profile: --data criteo needs --data-path")
-    cluster = {"world_size": args.world_size} if args.world_size else {}
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
+    check_output_file("--out", args.out)
+    cluster = {"world_size": args.world_size} if args.world_size is not None else {}
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
     problem = load_problem(args.config, None, None, cluster, training)
     model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
     start = time.perf_counter()
@@ -101,8 +121,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     from dlrm_scale.simulate import simulate
     from planner.config import read_yaml, section_dataclass
 
+    check_output_file("--json", args.json)
     plan = Plan.load(args.plan)
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
     if args.comm_precision:
         from dlrm_scale.train import parse_comm_precision
 
@@ -133,6 +154,10 @@ def add_calibrate_parser(sub) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from dlrm_scale.calibrate import CalibrationConfig, calibrate, calibrate_kernels
 
+    check_output_file("--out", args.out)
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+
     if args.kernels_only:
         kernels, times = calibrate_kernels(Path(args.out))
         for kind, per_kernel in times.items():
@@ -155,17 +180,23 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     if args.config is None and args.tables is None:
         raise ConfigError("nothing to plan: give a CONFIG.yaml or --tables FILE.csv")
+    check_output_file("--out", args.out)
+    check_output_file("--plot", args.plot)
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise ConfigError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
     cluster = {}
     if args.world_size is not None:
         cluster["world_size"] = args.world_size
     if args.ranks_per_node is not None:
         cluster["ranks_per_node"] = args.ranks_per_node
     if args.hbm_gb is not None:
+        if not (math.isfinite(args.hbm_gb) and 0 < args.hbm_gb <= 2**20):
+            raise ConfigError(f"--hbm-gb must be a positive number of GiB, got {args.hbm_gb}")
         cluster["hbm_bytes_per_rank"] = int(args.hbm_gb * GIB)
     if args.device is not None:
         cluster["device"] = args.device
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size else {}
-    if args.config is None and not args.batch_size:
+    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
+    if args.config is None and args.batch_size is None:
         training["batch_size_per_rank"] = 512
     problem = load_problem(args.config, args.tables, args.hardware, cluster, training, stats_path=args.stats)
     solver = SolverConfig(time_limit_s=args.time_limit)
@@ -178,8 +209,6 @@ def run_plan(args: argparse.Namespace) -> int:
     plan = make_plan(problem, cost_model, solver)
     seconds = time.perf_counter() - start
     out = Path(args.out)
-    if not out.parent.exists():
-        raise ConfigError(f"output folder {out.parent} does not exist; create it or choose another --out")
     plan.save(out)
     print(format_plan(plan))
     print(f"planned in {seconds:.2f}s; wrote {out}")

@@ -8,7 +8,9 @@ unknown keys in them with the closest valid spelling.
 from __future__ import annotations
 
 import csv
+import math
 import difflib
+import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,14 +19,14 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.access_stats import load_stats
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.specs import MAX_COUNT, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
 DEFAULT_HARDWARE = "a100_zionex"
 GIB = 1024**3
 
-TOP_LEVEL_KEYS = ("hardware", "cluster", "training", "tables", "tables_csv", "model", "data", "train", "tiering", "reliability")
+TOP_LEVEL_KEYS = ("hardware", "cluster", "training", "tables", "tables_csv", "model", "train", "tiering")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
 # Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
 PROFILE_KEYS = {
@@ -74,10 +76,37 @@ def section_dataclass(doc: dict[str, Any], key: str, cls: type, where: str, **de
     keys get a did-you-mean, values of the wrong type one line naming the section."""
     section = mapping(doc.get(key), f"{where}: {key}")
     check_keys(section, [f.name for f in fields(cls)], f"{where}: {key}")
+    kinds = {f.name: SCALAR_KINDS.get(str(f.type)) for f in fields(cls)}
+    for name, value in section.items():
+        kind = kinds[name]
+        if kind is not None and not _is_kind(value, kind):
+            raise ConfigError(f"{where}: {key}: {name} must be {kind[0]}, got {_short_repr(value)}")
     try:
         return cls(**{**defaults, **section})
     except TypeError:
         raise ConfigError(f"{where}: {key} has a value of the wrong type; check the numbers and lists in it") from None
+
+
+# Scalar field annotations of the config dataclasses: what a YAML value must be for each.
+SCALAR_KINDS = {
+    "int": ("an integer up to 2^40", int), "bool": ("true or false", bool), "float": ("a number", float),
+    "str": ("a string", str), "str | None": ("a string", str),
+}
+
+
+def _is_kind(value: Any, kind: tuple[str, type]) -> bool:
+    if kind[1] is bool:
+        return isinstance(value, bool)
+    if kind[1] is int:
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_COUNT
+    if kind[1] is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, str)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
@@ -89,15 +118,43 @@ def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None
             raise ConfigError(f"{where}: unknown key {str(key)!r}; {hint}")  # repr: a key may hold a newline
 
 
-def read_yaml(path: Path, what: str) -> dict[str, Any]:
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file (a byte-order mark allowed), or one line saying why not."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{what} {path} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory; give the file in it") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path} cannot be read ({e.strerror}); check its permissions") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {e.start} is 0x{data[e.start]:02x}); save it as UTF-8") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading 1e3 and 1.0e300 as numbers as YAML 1.2 does (1.1 wants 1.0e+300)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    text = read_text(path, what)
+    try:
+        doc = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{what} {path} is not valid YAML{at}; fix the syntax there") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} nests too deeply to read; a config is a few levels of mappings and lists") from None
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -141,6 +198,8 @@ def build_cluster(profile: dict[str, Any], overrides: dict[str, Any]) -> Cluster
         if not isinstance(world, int) or isinstance(world, bool) or world <= 0:
             raise ConfigError(f"cluster: world_size must be a positive integer, got {world!r}")
         local = merged.get("ranks_per_node", world)
+        if not isinstance(local, int) or isinstance(local, bool) or local <= 0:
+            raise ConfigError(f"cluster: ranks_per_node must be a positive integer, got {local!r}")
         if world < local:
             local = world  # fewer ranks than one node holds: a single partial node
             merged["ranks_per_node"] = local
@@ -160,32 +219,47 @@ def build_cluster(profile: dict[str, Any], overrides: dict[str, Any]) -> Cluster
 def load_tables_csv(path: str | Path) -> list[TableSpec]:
     """Tables from a CSV with header name,num_embeddings,embedding_dim,pooling_factor[,zipf_exponent]."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"table file {path} does not exist; check the --tables path") from None
-    reader = csv.DictReader(text.splitlines())
-    required = ("name", "num_embeddings", "embedding_dim")
-    header = reader.fieldnames or []
-    missing = [k for k in required if k not in header]
+    text = read_text(path, "table file")
+    reader = csv.reader(text.splitlines())
+    header = [h.strip() for h in next(reader, [])]
+    where = f"table file {path}"
+    duplicated = sorted({h for h in header if header.count(h) > 1})
+    if duplicated:
+        raise ConfigError(f"{where}: column {duplicated[0]!r} appears twice in the header; keep one")
+    missing = [k for k in ("name", "num_embeddings", "embedding_dim") if k not in header]
     if missing:
-        raise ConfigError(f"table file {path}: header lacks {', '.join(missing)}; expected {','.join(TABLE_KEYS[:4])}")
-    check_keys(header, TABLE_KEYS, f"table file {path}")
+        raise ConfigError(f"{where}: header lacks {', '.join(missing)}; expected {','.join(TABLE_KEYS[:4])}")
+    check_keys(header, TABLE_KEYS, where)
     tables = []
-    for line, row in enumerate(reader, start=2):
+    for line, values in enumerate(reader, start=2):
+        if not values:
+            continue
+        if len(values) != len(header):
+            raise ConfigError(f"{where}, line {line}: {len(values)} values for {len(header)} columns; give one per column")
+        row = {k: v.strip() for k, v in zip(header, values)}
         try:
-            tables.append(
-                TableSpec(
-                    name=row["name"].strip(),
-                    num_embeddings=int(row["num_embeddings"]),
-                    embedding_dim=int(row["embedding_dim"]),
-                    pooling_factor=float(row.get("pooling_factor") or 1.0),
-                    zipf_exponent=float(row["zipf_exponent"]) if row.get("zipf_exponent") else None,
-                )
-            )
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"table file {path}, line {line}: {e}; fix the numbers on that line") from None
+            tables.append(TableSpec(
+                name=row["name"],
+                num_embeddings=_csv_number(row["num_embeddings"], int),
+                embedding_dim=_csv_number(row["embedding_dim"], int),
+                pooling_factor=_csv_number(row.get("pooling_factor") or "1", float),
+                zipf_exponent=_csv_number(row["zipf_exponent"], float) if row.get("zipf_exponent") else None,
+            ))
+        except ValueError as e:
+            raise ConfigError(f"{where}, line {line}: {e}; fix the numbers on that line") from None
     return tables
+
+
+def _csv_number(text: str, kind: type) -> int | float:
+    """A CSV cell as an int (digits only, at most 20) or a finite float."""
+    if kind is int:
+        if not text.isdigit() or len(text) > 20:
+            raise ValueError(f"{text[:30]!r} is not a whole number")
+        return int(text)
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:30]!r} is not a finite number")
+    return value
 
 
 def tables_from_config(entries: Any, where: str) -> list[TableSpec]:

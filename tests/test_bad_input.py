@@ -126,9 +126,9 @@ CASES = [
      "table 'a' is defined twice: table names must be unique"),
     ("no tables", lambda t: load_problem(config(t, BASE)),
      "config {t}/c.yaml: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv"),
-    ("missing table file", lambda t: load_tables_csv(t / "t.csv"), "table file {t}/t.csv does not exist; check the --tables path"),
+    ("missing table file", lambda t: load_tables_csv(t / "t.csv"), "table file {t}/t.csv does not exist; check the path"),
     ("bad number in table file", lambda t: (t / "t.csv").write_text("name,num_embeddings,embedding_dim\na,lots,16\n") and load_tables_csv(t / "t.csv"),
-     "table file {t}/t.csv, line 2: invalid literal for int() with base 10: 'lots'; fix the numbers on that line"),
+     "table file {t}/t.csv, line 2: 'lots' is not a whole number; fix the numbers on that line"),
     ("table too large for any rank", lambda t: plan_for(t, BASE + "tables:\n  - {name: huge, num_embeddings: 9000000000, embedding_dim: 128}\n", 2),
      re.compile(r"table 'huge' does not fit: its smallest shard \(row_wisex2(@ssd\+cache0\.05)?\) needs [\d,]+ bytes of hbm but a rank has 42,949,672,960; "
                 r"add ranks \(--world-size\), give more memory per rank, or reduce num_embeddings/embedding_dim")),
