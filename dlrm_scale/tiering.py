@@ -90,6 +90,8 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
         return
     if directory is None:
         raise ConfigError(f"the plan keeps {needed:,} bytes of rows on SSD but no store directory is set; pass --store-dir DIR")
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"store directory {directory} is a file, not a directory; pass a directory as --store-dir")
     if not directory.is_dir():
         raise ConfigError(f"store directory {directory} does not exist; create it or pass another --store-dir")
     probe = directory / f".dlrm_scale_probe_{os.getpid()}"

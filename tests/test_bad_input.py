@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlrm_scale.checkpoint import CheckpointConfig, candidates, read_meta
+from dlrm_scale.cli import node_count
 from dlrm_scale.criteo import CriteoTSV
 from dlrm_scale.model import ModelConfig
 from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
@@ -91,6 +92,36 @@ def table_doc(tmp: Path, st: str, shards: list[tuple[int, int, int, int, int]], 
 
 def load_doc(doc: dict) -> Plan:
     return Plan.from_dict(doc, source="p.json")
+
+
+def trainer_flags(tmp: Path, *flags: str):
+    """The trainer's checks of its flags, as `dlrm-scale train` runs them before torchrun."""
+    from dlrm_scale.train import check_settings, parse_args
+
+    return check_settings(parse_args(["--config", "configs/tiny.yaml", "--out-dir", str(tmp / "out"), *flags]))
+
+
+def plan_cli(tmp: Path, *flags: str):
+    import argparse
+
+    from dlrm_scale.cli import add_plan_parser, run_plan
+
+    parser = argparse.ArgumentParser()
+    add_plan_parser(parser.add_subparsers(dest="command"))
+    return run_plan(parser.parse_args(["plan", "configs/tiny.yaml", *flags]))
+
+
+def write(tmp: Path, name: str, data: bytes | str) -> Path:
+    path = tmp / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def tiny_with(tmp: Path, old: str, new: str) -> Path:
+    return write(tmp, "c.yaml", Path("configs/tiny.yaml").read_text().replace(old, new, 1))
+
+
+CSV_HEADER = "name,num_embeddings,embedding_dim,pooling_factor\n"
 
 
 CASES = [
@@ -200,6 +231,87 @@ CASES = [
      "--resume-from {t}/elsewhere is not a complete checkpoint in {t}; give a step number or one of its step_* folders"),
     ("resume from a directory that does not exist", lambda t: candidates(t / "nope"),
      "--checkpoint-dir {t}/nope does not exist; check the path, or drop --resume to start afresh"),
+    # the trainer's flags, checked before torchrun starts
+    ("zero steps flag", lambda t: trainer_flags(t, "--steps", "0"), "train: steps must be positive, got 0"),
+    ("negative batch flag", lambda t: trainer_flags(t, "--batch-size", "-1"), "--batch-size must be a positive integer, got -1"),
+    ("zero batch flag", lambda t: trainer_flags(t, "--batch-size", "0"), "--batch-size must be a positive integer, got 0"),
+    ("unknown comm precision", lambda t: trainer_flags(t, "--comm-precision", "fwd=fp99"),
+     re.compile(r"--comm-precision: 'fp99' is not one of .*")),
+    ("comm precision for no direction", lambda t: trainer_flags(t, "--comm-precision", "side=fp16"),
+     "--comm-precision: 'side' is not a direction; write fwd=P,bwd=P or one precision for both"),
+    ("comm precision given twice", lambda t: trainer_flags(t, "--comm-precision", "fwd=fp16,fwd=int8"),
+     "--comm-precision 'fwd=fp16,fwd=int8' gives a direction twice; write fwd=P,bwd=P or one precision for both"),
+    ("keep no checkpoints flag", lambda t: trainer_flags(t, "--keep-checkpoints", "0"), "--keep-checkpoints must be >= 1, got 0"),
+    ("negative checkpoint interval", lambda t: trainer_flags(t, "--checkpoint-every", "-1"), "--checkpoint-every must be >= 0, got -1"),
+    ("negative eval interval", lambda t: trainer_flags(t, "--eval-every", "-1"), "train: eval_every must be >= 0, got -1"),
+    ("resume without a directory", lambda t: trainer_flags(t, "--resume"), "--resume needs --checkpoint-dir"),
+    ("resume-from without a directory", lambda t: trainer_flags(t, "--resume-from", "5"), "--resume-from needs --checkpoint-dir"),
+    ("resume from a mistyped directory", lambda t: trainer_flags(t, "--resume", "--checkpoint-dir", str(t / "ckpt")),
+     "--checkpoint-dir {t}/ckpt does not exist, so there is nothing to resume; check the path, or create it "
+     "(a job restarted by torchrun resumes from it)"),
+    ("output directory that is a file", lambda t: trainer_flags(t, "--out-dir", str(write(t, "f", "x"))),
+     "--out-dir {t}/f cannot be written (File exists); choose another --out-dir"),
+    ("checkpoint directory inside a file", lambda t: trainer_flags(t, "--checkpoint-dir", str(write(t, "f", "x") / "ck")),
+     "--checkpoint-dir {t}/f/ck cannot be written (Not a directory); choose another --checkpoint-dir"),
+    ("criteo without data", lambda t: trainer_flags(t, "--data", "criteo"), "--data criteo needs --data-path"),
+    ("missing data path", lambda t: trainer_flags(t, "--data", "criteo", "--data-path", str(t / "days")),
+     "--data-path {t}/days does not exist; check the path"),
+    ("missing plan file", lambda t: trainer_flags(t, "--plan", str(t / "p.json")),
+     "plan file {t}/p.json does not exist; create one with 'dlrm-scale plan --out {t}/p.json'"),
+    ("zero nodes", lambda t: node_count("0"), "--nnodes '0' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
+    ("nodes not a number", lambda t: node_count("two"), "--nnodes 'two' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
+    ("elastic range upside down", lambda t: node_count("4:2"), "--nnodes '4:2' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
+    # configs: encodings, sizes, types, structure
+    ("binary config", lambda t: load_problem(write(t, "c.yaml", b"hardware: cpu_gloo\n\xff\xfe\x00")),
+     "config {t}/c.yaml is not UTF-8 text (byte 19 is 0xff); save it as UTF-8"),
+    ("config that is a directory", lambda t: load_problem(t), "config {t} is a directory; give the file in it"),
+    ("config nested 30,000 deep", lambda t: load_problem(write(t, "c.yaml", "tables: " + "[" * 30000 + "]" * 30000)),
+     "config {t}/c.yaml nests too deeply to read; a config is a few levels of mappings and lists"),
+    ("rows past int64", lambda t: load_problem(tiny_with(t, "num_embeddings: 20000", "num_embeddings: 9223372036854775808")),
+     "table 't_large': 'num_embeddings' must be at most 2^40, got 9223372036854775808"),
+    ("rows with thousands of digits", lambda t: load_problem(tiny_with(t, "num_embeddings: 20000", "num_embeddings: " + "9" * 3000)),
+     "table 't_large': 'num_embeddings' must be at most 2^40, got 99999999999999999999... (3000 characters)"),
+    ("zero ranks per node", lambda t: load_problem(tiny_with(t, "world_size: 2", "world_size: 2\n  ranks_per_node: 0")),
+     "cluster: ranks_per_node must be a positive integer, got 0"),
+    ("ranks per node as a string", lambda t: load_problem(tiny_with(t, "world_size: 2", "world_size: 2\n  ranks_per_node: \"8\"")),
+     "cluster: ranks_per_node must be a positive integer, got '8'"),
+    ("top-level data section nothing reads", lambda t: load_problem(tiny_with(t, "hardware: cpu_gloo", "hardware: cpu_gloo\ndata: {path: x}")),
+     "config {t}/c.yaml: unknown key 'data'; valid keys: hardware, cluster, training, tables, tables_csv, model, train, tiering"),
+    ("top-level reliability section nothing reads",
+     lambda t: load_problem(tiny_with(t, "hardware: cpu_gloo", "hardware: cpu_gloo\nreliability: {retries: 3}")),
+     "config {t}/c.yaml: unknown key 'reliability'; valid keys: hardware, cluster, training, tables, tables_csv, model, train, tiering"),
+    ("deterministic as a string", lambda t: section_dataclass({"train": {"deterministic": "false"}}, "train", TrainConfig, "config"),
+     "config: train: deterministic must be true or false, got 'false'"),
+    ("fractional steps", lambda t: section_dataclass({"train": {"steps": 10.5}}, "train", TrainConfig, "config"),
+     "config: train: steps must be an integer up to 2^40, got 10.5"),
+    ("learning rate not a number", lambda t: section_dataclass({"train": {"embedding_lr": float("nan")}}, "train", TrainConfig, "config"),
+     "config: train: embedding_lr must be a number, got nan"),
+    ("pooling factor 1.0e300", lambda t: load_problem(tiny_with(t, "pooling_factor: 4.0", "pooling_factor: 1.0e300")),
+     "table 't_large': 'pooling_factor' must be a positive number up to 2^40, got 1e+300"),
+    # table CSVs
+    ("binary table file", lambda t: load_tables_csv(write(t, "t.csv", CSV_HEADER.encode() + b"a,10,8,\xff\n")),
+     "table file {t}/t.csv is not UTF-8 text (byte 56 is 0xff); save it as UTF-8"),
+    ("table file that is a directory", lambda t: load_tables_csv(t), "table file {t} is a directory; give the file in it"),
+    ("extra value in a table file", lambda t: load_tables_csv(write(t, "t.csv", CSV_HEADER + "a,10,8,1,9\n")),
+     "table file {t}/t.csv, line 2: 5 values for 4 columns; give one per column"),
+    ("duplicate column in a table file", lambda t: load_tables_csv(write(t, "t.csv", "name,num_embeddings,embedding_dim,name\na,10,8,b\n")),
+     "table file {t}/t.csv: column 'name' appears twice in the header; keep one"),
+    ("rows in exponent notation", lambda t: load_tables_csv(write(t, "t.csv", CSV_HEADER + "a,1e3,8,1\n")),
+     "table file {t}/t.csv, line 2: '1e3' is not a whole number; fix the numbers on that line"),
+    ("infinite pooling in a table file", lambda t: load_tables_csv(write(t, "t.csv", CSV_HEADER + "a,10,8,inf\n")),
+     "table file {t}/t.csv, line 2: 'inf' is not a finite number; fix the numbers on that line"),
+    # the planner's flags and outputs, checked before planning
+    ("HBM of NaN GiB", lambda t: plan_cli(t, "--hbm-gb", "nan", "--out", str(t / "p.json")), "--hbm-gb must be a positive number of GiB, got nan"),
+    ("HBM of infinite GiB", lambda t: plan_cli(t, "--hbm-gb", "inf", "--out", str(t / "p.json")), "--hbm-gb must be a positive number of GiB, got inf"),
+    ("plan output that is a directory", lambda t: plan_cli(t, "--out", str(t)), "--out {t} is a directory; give a file path in it"),
+    ("plan output in a missing folder", lambda t: plan_cli(t, "--out", str(t / "no" / "p.json")),
+     "--out {t}/no/p.json: folder {t}/no does not exist; create it or choose another --out"),
+    ("plot in a missing folder", lambda t: plan_cli(t, "--out", str(t / "p.json"), "--plot", str(t / "no" / "p.png")),
+     "--plot {t}/no/p.png: folder {t}/no does not exist; create it or choose another --plot"),
+    ("zero solver time", lambda t: plan_cli(t, "--time-limit", "0", "--out", str(t / "p.json")),
+     "--time-limit must be a positive number of seconds, got 0.0"),
+    ("store directory that is a file", lambda t: check_store_directory(ssd_plan(), [0], write(t, "f", "x"), "sgd"),
+     "store directory {t}/f is a file, not a directory; pass a directory as --store-dir"),
     ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
      "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]
@@ -217,5 +329,5 @@ def test_bad_input_gives_exactly_this_error(tmp_path, what, make, expected):
         assert expected.fullmatch(message), message
 
 
-def test_there_are_at_least_25_cases():
-    assert len(CASES) >= 25
+def test_there_are_at_least_90_cases():
+    assert len(CASES) >= 90
