@@ -53,10 +53,27 @@ def final_model(ck: Path, tmp: Path) -> dict:
     return torch.load(out, weights_only=False)["model"]
 
 
-def test_killed_rank_restarts_from_newest_checkpoint(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    ref = subprocess.run(command(tmp_path, "ref", 0), capture_output=True, text=True, env=env, timeout=600)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The final model of a run never killed."""
+    tmp = tmp_path_factory.mktemp("reference")
+    ref = subprocess.run(command(tmp, "ref", 0), capture_output=True, text=True, env=ENV, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
+    return final_model(tmp / "ref_ck", tmp)
+
+
+def assert_same_model(reference: dict, model: dict) -> None:
+    assert reference.keys() == model.keys()
+    for key, value in reference.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, model[key]), key
+
+
+def test_killed_rank_restarts_from_newest_checkpoint(tmp_path, reference):
+    env = ENV
 
     log = open(tmp_path / "job.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll, and a full one blocks the job
     job = subprocess.Popen(command(tmp_path, "job", 1), stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
@@ -79,8 +96,46 @@ def test_killed_rank_restarts_from_newest_checkpoint(tmp_path):
     assert int(resumed[0]) % EVERY == 0 and killed_at - int(resumed[0]) <= EVERY  # lost at most the steps since it
     assert steps[-1] == STEPS
 
-    ref_model, job_model = final_model(tmp_path / "ref_ck", tmp_path), final_model(tmp_path / "job_ck", tmp_path)
-    assert ref_model.keys() == job_model.keys()
-    for key, value in ref_model.items():
-        if isinstance(value, torch.Tensor):
-            assert torch.equal(value, job_model[key]), key
+    assert_same_model(reference, final_model(tmp_path / "job_ck", tmp_path))
+
+
+def launcher_command(tmp: Path) -> list[str]:
+    """The same job through `dlrm-scale train`, our launcher."""
+    return [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", *command(tmp, "job", 0)[9:]]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killing_the_launcher_leaves_no_worker_behind_and_resume_is_exact(tmp_path, reference):
+    """Workers run in process groups of their own: killing the launcher's group must still end
+    them (they die with torchrun's agent), so nothing writes to the checkpoint directory after,
+    and the next --resume ends with the model of a run never killed."""
+    log = open(tmp_path / "job.log", "w")
+    job = subprocess.Popen(launcher_command(tmp_path), stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    deadline = time.time() + 300
+    while max(logged_steps(tmp_path / "job" / "metrics.jsonl"), default=0) < KILL_AFTER:
+        assert time.time() < deadline and job.poll() is None, "the job ended before it could be killed"
+        time.sleep(0.05)
+    agents = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    workers = [int(w) for a in agents for w in subprocess.run(["pgrep", "-P", a], capture_output=True, text=True).stdout.split()]
+    assert len(workers) == 2
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    deadline = time.time() + 20
+    while any(alive(w) for w in workers):
+        assert time.time() < deadline, "a worker outlived its launcher"
+        time.sleep(0.1)
+    log.close()
+    checkpoints = sorted(p.name for p in (tmp_path / "job_ck").iterdir())
+    time.sleep(1)
+    assert sorted(p.name for p in (tmp_path / "job_ck").iterdir()) == checkpoints  # nobody writes there any more
+
+    resumed = subprocess.run(launcher_command(tmp_path), capture_output=True, text=True, env=ENV, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(r"resumed from \S+ \(step (\d+)\)", resumed.stdout + resumed.stderr)
+    assert_same_model(reference, final_model(tmp_path / "job_ck", tmp_path))
