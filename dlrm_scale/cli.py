@@ -213,7 +213,9 @@ def run_plan(args: argparse.Namespace) -> int:
     print(format_plan(plan))
     print(f"planned in {seconds:.2f}s; wrote {out}")
     if args.plot:
-        plot_plan(plan, args.plot)
+        c = problem.cluster
+        plot_plan(plan, args.plot, {"hbm": c.hbm_bytes_per_rank, "ddr": c.ddr_bytes_per_node // c.ranks_per_node,
+                                    "ssd": c.ssd_bytes_per_node // c.ranks_per_node})
         print(f"wrote {args.plot}")
     if args.compare:
         print(compare_with_torchrec(problem, plan, seconds))
