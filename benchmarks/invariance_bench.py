@@ -8,7 +8,9 @@ column-wise, all row-wise, data-parallel (every table where it fits: tiny; table
 rows, the rest table-wise: embedding-bound, whose 2M-row tables would each cost a dense
 all-reduce of 0.5 GB per step), the planner's own, and the planner's own on 4 ranks at half
 the batch per rank. Column-wise schemes keep row-wise Adagrad's state per column shard
-(FBGEMM's layout), so they are reported as the documented deviation they are.
+(FBGEMM's layout), so they are reported as the documented deviation they are. A control run
+(the anchor's plan, with the other of our two dot-interaction kernels: the same function up to
+summation order) measures how far rounding alone moves this model's trajectory.
 Writes benchmarks/results/invariance.json.
 """
 
@@ -37,6 +39,15 @@ DP_MAX_ROWS = {"tiny": None, "embedding_bound": 50_000}  # None: every table dat
 SEED = 7
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 ANCHOR = "table_wise@2"
+CONTROL = "table_wise@2, other interaction kernel"
+
+
+def other_interaction(config: str) -> str:
+    """The dot interaction the trainer does not pick by default on this machine."""
+    from dlrm_scale.train import measured_cpu_kernels
+    from planner.config import read_yaml
+
+    return "torchrec" if measured_cpu_kernels(read_yaml(Path(config), "config"))["interaction"] == "dlrm_scale" else "dlrm_scale"
 
 
 def hand_plan(config: str, scheme: str, world: int, dp_max_rows: int | None = None) -> Plan:
@@ -54,11 +65,11 @@ def hand_plan(config: str, scheme: str, world: int, dp_max_rows: int | None = No
     return Plan(world, world, tables, (), 0.0, 0.0)
 
 
-def train(config: str, steps: int, world: int, batch_per_rank: int, plan: Plan | None) -> dict:
+def train(config: str, steps: int, world: int, batch_per_rank: int, plan: Plan | None, *flags: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "-m", "dlrm_scale.train",
                "--config", config, "--steps", str(steps), "--batch-size", str(batch_per_rank), "--seed", str(SEED),
-               "--deterministic", "--out-dir", out]
+               "--deterministic", "--out-dir", out, *flags]
         if plan is not None:
             plan.save(Path(out) / "given_plan.json")
             cmd += ["--plan", str(Path(out) / "given_plan.json")]
@@ -105,10 +116,12 @@ def main() -> int:
             "data_parallel@2": (2, batch, hand_plan(config, "data_parallel", 2, DP_MAX_ROWS[model])),
             "planner@2": (2, batch, None),
             "planner@4": (4, batch // 2, None),
+            # the noise floor: the anchor's plan with the other (equal up to rounding) dot interaction
+            CONTROL: (2, batch, hand_plan(config, "table_wise", 2), "--interaction", other_interaction(config)),
         }
         runs = {}
-        for name, (world, per_rank, plan) in jobs.items():
-            runs[name] = train(config, args.steps, world, per_rank, plan)
+        for name, (world, per_rank, plan, *flags) in jobs.items():
+            runs[name] = train(config, args.steps, world, per_rank, plan, *flags)
             print(f"{model} {name}: final loss {runs[name]['losses'][-1]:.6f} AUC {runs[name]['auc']:.4f} "
                   f"({runs[name]['wall_s']} s)", flush=True)
         results["models"][model] = {

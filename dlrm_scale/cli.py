@@ -1,4 +1,4 @@
-"""`dlrm-scale` command line: plan | train | calibrate | simulate.
+"""`dlrm-scale` command line: plan | train | calibrate | simulate | profile | explain | diff.
 
 Errors a user can cause end in one line on stderr and exit code 2, never a traceback.
 """
@@ -139,6 +139,69 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(result.format())
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
+
+
+def add_explain_parser(sub) -> None:
+    p = sub.add_parser("explain", help="why a plan is what it is: its busiest rank, and per table the best alternatives")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("--config", required=True, help="the config the plan is for")
+    p.add_argument("--table", help="explain this table only")
+    p.add_argument("--hardware", help="hardware profile (default: the config's)")
+    p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
+
+
+def problem_for_plan(config: str, plan: Plan, hardware: str | None = None):
+    """The config's problem on the plan's cluster shape, checked against the plan's tables."""
+    from dlrm_scale.train import check_plan_matches
+
+    problem = load_problem(config, None, hardware, {"world_size": plan.world_size, "ranks_per_node": plan.ranks_per_node})
+    check_plan_matches(plan, problem, plan.world_size)
+    return problem
+
+
+def cost_model_for(name: str, problem):
+    from planner.cost_model import AnalyticCostModel
+
+    if name == "torchrec":
+        from dlrm_scale.torchrec_cost import TorchRecCostModel
+
+        return TorchRecCostModel(problem)
+    return AnalyticCostModel(problem.cluster, problem.training)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from planner.explain import explain
+
+    plan = Plan.load(args.plan)
+    problem = problem_for_plan(args.config, plan, args.hardware)
+    if args.table is not None and args.table not in plan.tables:
+        raise ConfigError(f"--table {args.table!r} is not in the plan; its tables: {', '.join(list(plan.tables)[:8])}")
+    print(explain(plan, problem, cost_model_for(args.cost_model, problem), args.table).format())
+    return 0
+
+
+def add_diff_parser(sub) -> None:
+    p = sub.add_parser("diff", help="what changes between two plans: layouts, bytes that move, predicted time")
+    p.add_argument("before", help="plan JSON")
+    p.add_argument("after", help="plan JSON")
+    p.add_argument("--config", help="re-cost both plans under this config's model (default: each plan's own prediction)")
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from planner.diff import diff_plans
+    from planner.scoring import rank_times_ms
+
+    before, after = Plan.load(args.before), Plan.load(args.after)
+    optimizer, before_ms, after_ms = "rowwise_adagrad", None, None
+    if args.config:
+        costed = []
+        for plan in (before, after):
+            problem = problem_for_plan(args.config, plan)
+            costed.append(float(rank_times_ms(plan, problem, cost_model_for("ours", problem)).max()))
+        before_ms, after_ms = costed
+        optimizer = problem.training.embedding_optimizer
+    print(diff_plans(before, after, optimizer, before_ms, after_ms).format())
     return 0
 
 
@@ -311,14 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     add_calibrate_parser(sub)
     add_simulate_parser(sub)
     add_profile_parser(sub)
+    add_explain_parser(sub)
+    add_diff_parser(sub)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
             return run_train(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate,
-                "profile": run_profile}[args.command](args)
+        return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate, "profile": run_profile,
+                "explain": run_explain, "diff": run_diff}[args.command](args)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -188,8 +188,8 @@ class Trainer:
         else:
             raise ckpt.CheckpointError(f"no checkpoint in {directory} verifies (the newest, {found[0][1].name}, is damaged); "
                                        f"nothing was resumed: restore the directory or start afresh without --resume")
-        if step >= self.config.steps:
-            raise ckpt.CheckpointError(f"checkpoint {path} is at step {step}, at or past --steps {self.config.steps}; "
+        if step > self.config.steps:
+            raise ckpt.CheckpointError(f"checkpoint {path} is at step {step}, past --steps {self.config.steps}; "
                                        f"raise --steps to train on")
         meta = ckpt.load(path, self.model, self.optimizer)
         if self.tiered is not None:

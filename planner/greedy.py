@@ -149,7 +149,7 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignme
 
     for option in sorted(by_kind[Placement.ONE_NODE], key=lambda o: (-o.total_ms, o.table)):
         for node in node_order(option):
-            ranks = _lpt_into(option, list(range(node * local, (node + 1) * local)), loads, caps)
+            ranks = lpt_into(option, list(range(node * local, (node + 1) * local)), loads, caps)
             if ranks is not None:
                 out.shard_ranks[option.table] = ranks
                 loads.add(option, ranks)
@@ -201,7 +201,7 @@ def _least_loaded_with_room(
     return placed, None
 
 
-def _lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: np.ndarray) -> list[int] | None:
+def lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: np.ndarray) -> list[int] | None:
     """LPT of one option's shards over `ranks` (on a scratch copy); None if they do not fit."""
     ms = {r: loads.ms[r] for r in ranks}
     used = {r: loads.bytes[r].copy() for r in ranks}
