@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 DEVICE ?= cpu
 STAMP := $(VENV)/.installed-$(DEVICE)
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench gpu-check clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/planner_bench.py
 	$(PY) benchmarks/train_bench.py
+
+# On a fresh CUDA machine: the CUDA stack, then every CUDA path once (scripts/gpu_check.py).
+gpu-check:
+	$(MAKE) DEVICE=cuda venv
+	$(PY) scripts/gpu_check.py --out out/gpu_check
 
 clean:
 	rm -rf $(VENV) out

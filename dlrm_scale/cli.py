@@ -343,10 +343,12 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
         if nodes == 1:  # on one node this machine holds every rank's SSD rows
             store = Path(trainer_args.store_dir) if trainer_args.store_dir else None
             check_store_directory(plan, list(range(args.nproc_per_node)), store, problem.training.embedding_optimizer)
-    if settings.checkpoint.directory is not None and settings.checkpoint.directory.is_dir():
-        from dlrm_scale.checkpoint import JobLock
+    from dlrm_scale.checkpoint import JobLock
 
-        JobLock(settings.checkpoint.directory).release()  # busy: say so now (the job itself holds it while it runs)
+    for directory, what in ((settings.checkpoint.directory, "checkpoint directory"),
+                            (Path(trainer_args.store_dir) if trainer_args.store_dir else None, "store directory")):
+        if directory is not None and directory.is_dir():
+            JobLock(directory, what).release()  # busy: say so now (the job itself holds it while it runs)
 
 
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:

@@ -17,7 +17,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
     CommType, FbgemmQuantizedCommCodec, QCommsConfig, get_qcomm_codecs_registry,
 )
 
-COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16, "int8": CommType.INT8}
+COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16, "fp8": CommType.FP8, "int8": CommType.INT8}
 INT8_DEFAULT_ROW = 32  # FBGEMM's
 INT8_MAX_ROW = 128  # wider rows would share one scale across too many values
 

@@ -11,7 +11,12 @@ from planner.plan import CACHED_KERNELS, Plan, PlannedShard, TablePlan
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 
 
-def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
+def placement(rank: int, device: str, ranks_per_node: int) -> str:
+    """Where TorchRec's planner puts a shard: on CUDA the rank's local GPU, cuda:(rank % local)."""
+    return f"rank:{rank}/cuda:{rank % ranks_per_node}" if device == "cuda" else f"rank:{rank}/{device}"
+
+
+def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> ParameterSharding:
     """TorchRec's sharding of one table. Cached tables keep their kernel (FBGEMM's UVM cache or
     SSD key-value store, CUDA-only) with the plan's load factor; on CPU shard
     tiering.resident_plan(plan) instead."""
@@ -23,7 +28,7 @@ def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
             ShardMetadata(
                 shard_offsets=[s.row_offset, s.col_offset],
                 shard_sizes=[s.rows, s.cols],
-                placement=f"rank:{s.rank}/{device}",
+                placement=placement(s.rank, device, ranks_per_node),
             )
             for s in table.shards
         ]
@@ -37,7 +42,8 @@ def parameter_sharding(table: TablePlan, device: str) -> ParameterSharding:
 
 def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "") -> ShardingPlan:
     """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g. "model.sparse_arch.embedding_bag_collection")."""
-    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device) for name, t in plan.tables.items()})
+    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, plan.ranks_per_node)
+                                             for name, t in plan.tables.items()})
     return ShardingPlan({module_path: per_table})
 
 

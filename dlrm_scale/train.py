@@ -40,8 +40,9 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd")
 # dlrm_scale: our row-wise Adagrad kernel (dlrm_scale.cpu_adagrad), tables on huge pages
 # (dlrm_scale.huge_pages); fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
 CPU_EMBEDDINGS = ("dlrm_scale", "fbgemm")
-# FBGEMM's fp8 codec fails on gloo and CPU tensors with a shape error (seen with fbgemm 1.8).
-UNSUPPORTED_PRECISIONS = {"fp8": "FBGEMM's fp8 comm codec fails with a shape error in 1.8; use fp16, bf16 or int8"}
+# FBGEMM's fp8 codec fails on gloo and CPU tensors with a shape error (seen with fbgemm 1.8);
+# its CUDA codec is the one FBGEMM ships for NCCL.
+CPU_UNSUPPORTED_PRECISIONS = {"fp8": "FBGEMM's fp8 comm codec fails on CPU with a shape error in 1.8; use fp16, bf16 or int8"}
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,13 @@ def parse_comm_precision(text: str) -> tuple[str, str]:
     for p in (fwd, bwd):
         if p not in PRECISION_ELEMENT_BYTES:
             raise ConfigError(f"--comm-precision: {p!r} is not one of {', '.join(PRECISION_ELEMENT_BYTES)}")
-        if p in UNSUPPORTED_PRECISIONS:
-            raise ConfigError(f"--comm-precision: {p} is refused: {UNSUPPORTED_PRECISIONS[p]}")
     return fwd, bwd
+
+
+def check_precision_device(fwd: str, bwd: str, device: str) -> None:
+    for p in (fwd, bwd):
+        if device == "cpu" and p in CPU_UNSUPPORTED_PRECISIONS:
+            raise ConfigError(f"--comm-precision: {p} is refused on CPU: {CPU_UNSUPPORTED_PRECISIONS[p]}")
 
 
 ROW_WISE_SCHEMES = ("row_wise", "table_row_wise")
@@ -296,7 +301,8 @@ def check_settings(args: argparse.Namespace) -> RunSettings:
         fwd, bwd = parse_comm_precision(args.comm_precision)
         training_overrides.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
     problem = load_problem(args.config, training_overrides=training_overrides)  # the sections' own checks
-    parse_comm_precision(f"fwd={problem.training.fwd_comm_precision},bwd={problem.training.bwd_comm_precision}")
+    check_precision_device(problem.training.fwd_comm_precision, problem.training.bwd_comm_precision,
+                           "cuda" if torch.cuda.is_available() else "cpu")
     if problem.training.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
         raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(EMBEDDING_OPTIMIZERS)} to train")
     model = section_dataclass(doc, "model", ModelConfig, "config")

@@ -156,7 +156,12 @@ class Trainer:
             group["lr"] = base * factor
 
     def run(self) -> None:
-        lock = ckpt.JobLock(self.checkpoint.directory) if self.rank == 0 and self.checkpoint.directory else None
+        locks = []
+        if self.rank == 0:  # one job per directory: a second job's saves or rows would interleave with ours
+            if self.checkpoint.directory:
+                locks.append(ckpt.JobLock(self.checkpoint.directory))
+            if self.config.store_dir and self.tiered is not None:
+                locks.append(ckpt.JobLock(Path(self.config.store_dir), "store directory"))
         try:
             start = self.restore() if self.resume else 0
             with self.meter.attached():
@@ -164,7 +169,7 @@ class Trainer:
         finally:
             if self.cpu_kernel is not None:
                 self.cpu_kernel.close()
-            if lock is not None:
+            for lock in locks:
                 lock.release()
 
     def restore(self) -> int:

@@ -1,0 +1,67 @@
+"""What the CUDA path hands TorchRec and FBGEMM, asserted without a GPU: the ShardingPlan of every
+scheme under every CUDA kernel (placements as TorchRec's own planner writes them, cache
+parameters), FBGEMM's fused parameters for the SSD store, and the comm codecs per precision.
+scripts/gpu_check.py runs the same on a GPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from torchrec.distributed.planner.utils import placement as torchrec_placement
+
+from dlrm_scale.qcomms import COMM_TYPES, qcomm_codecs_registry
+from dlrm_scale.sharding import from_sharding_plan, to_sharding_plan
+from dlrm_scale.trainer import sharder_for
+from planner.plan import Plan, table_layout
+from planner.specs import TableSpec
+from planner.types import ShardingType
+
+WORLD, LOCAL = 4, 2
+SCHEMES = {  # scheme -> ranks of its shards (row-wise: every rank; hierarchical: one node's)
+    ShardingType.TABLE_WISE: [3], ShardingType.COLUMN_WISE: [2, 0], ShardingType.TABLE_COLUMN_WISE: [2, 3],
+    ShardingType.ROW_WISE: [0, 1, 2, 3], ShardingType.TABLE_ROW_WISE: [2, 3],
+}
+KERNELS = {"fused": ("hbm", None), "fused_uvm_caching": ("ddr", 0.25), "key_value": ("ssd", 0.5)}
+
+
+def plan_of(scheme: ShardingType, kernel: str) -> tuple[Plan, dict]:
+    tier, load_factor = KERNELS[kernel]
+    t = TableSpec("t", 10_001, 32)
+    table = table_layout(t, scheme, SCHEMES[scheme], tier, load_factor)
+    assert table.compute_kernel == kernel
+    return Plan(WORLD, LOCAL, {"t": table}, (), 0.0, 0.0), {"t": (t.num_embeddings, t.embedding_dim)}
+
+
+@pytest.mark.parametrize("scheme, kernel", list(itertools.product(SCHEMES, KERNELS)), ids=lambda v: getattr(v, "value", v))
+def test_every_scheme_and_cuda_kernel_maps_as_torchrec_plans_it(scheme, kernel):
+    plan, shapes = plan_of(scheme, kernel)
+    ps = to_sharding_plan(plan, "cuda").plan[""]["t"]
+    assert ps.sharding_type == scheme.value and ps.compute_kernel == kernel and ps.ranks == SCHEMES[scheme]
+    shards = ps.sharding_spec.shards
+    assert [str(m.placement) for m in shards] == [torchrec_placement("cuda", r, LOCAL) for r in SCHEMES[scheme]]
+    assert [(m.shard_offsets, m.shard_sizes) for m in shards] == [
+        ([s.row_offset, s.col_offset], [s.rows, s.cols]) for s in plan.tables["t"].shards]
+    load_factor = KERNELS[kernel][1]
+    assert (ps.cache_params.load_factor if ps.cache_params else None) == load_factor
+    assert from_sharding_plan(to_sharding_plan(plan, "cuda"), shapes, WORLD, LOCAL, "cuda").tables == plan.tables
+
+
+def test_a_data_parallel_table_is_replicated_with_the_dense_kernel():
+    t = TableSpec("t", 100, 32)
+    plan = Plan(WORLD, LOCAL, {"t": table_layout(t, ShardingType.DATA_PARALLEL, list(range(WORLD)), "hbm")}, (), 0.0, 0.0)
+    ps = to_sharding_plan(plan, "cuda").plan[""]["t"]
+    assert (ps.sharding_type, ps.compute_kernel, ps.sharding_spec, ps.ranks) == ("data_parallel", "dense", None, list(range(WORLD)))
+
+
+def test_the_ssd_store_directory_reaches_fbgemm_only_when_given(tmp_path):
+    assert sharder_for("fp32", "fp32", str(tmp_path)).fused_params == {"ssd_storage_directory": str(tmp_path)}
+    assert not sharder_for("fp32", "fp32").fused_params
+
+
+@pytest.mark.parametrize("fwd, bwd", [(f, b) for f in COMM_TYPES for b in COMM_TYPES if (f, b) != ("fp32", "fp32")])
+def test_every_comm_precision_gets_fbgemm_codecs(fwd, bwd):
+    registry = qcomm_codecs_registry(fwd, bwd, [32])
+    a2a = registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
+    assert a2a.forward._comm_precision.value == fwd and a2a.backward._comm_precision.value == bwd
+    assert qcomm_codecs_registry("fp32", "fp32", [32]) is None
