@@ -35,6 +35,7 @@ from planner.types import ShardingType  # noqa: E402
 
 TINY, MID = "configs/tiny.yaml", "configs/bench_kaggle_shaped.yaml"
 CACHED = {"fused_uvm_caching": ("ddr", 0.5), "key_value": ("ssd", 0.5)}
+CACHE_HEADROOM = 8
 
 
 class Check:
@@ -82,11 +83,14 @@ class Check:
         return str(path)
 
     def cached_plan(self, config: str, kernel: str) -> str:
-        """Every table table-wise with `kernel`'s tier behind a cache."""
+        """Every table table-wise; those with CACHE_HEADROOM times more rows than a batch looks up
+        in `kernel`'s tier behind a cache (a smaller one needs most of its rows every batch)."""
         problem = load_problem(config, cluster_overrides={"world_size": self.nproc, "ranks_per_node": self.nproc,
                                                           "device": self.device})
         tier, load_factor = CACHED[kernel]
         tables = {t.name: table_layout(t, ShardingType.TABLE_WISE, [i % self.nproc], tier, load_factor)
+                  if t.num_embeddings >= CACHE_HEADROOM * t.pooling_factor * problem.training.batch_size_per_rank * self.nproc else
+                  table_layout(t, ShardingType.TABLE_WISE, [i % self.nproc], "hbm" if self.device == "cuda" else "ddr")
                   for i, t in enumerate(problem.tables)}
         path = self.out / f"plan_{Path(config).stem}_{kernel}.json"
         Plan(self.nproc, self.nproc, tables, (), 0.0, 0.0).save(path)
