@@ -138,12 +138,18 @@ def _files(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name not in (MANIFEST, MARKER))
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _mine(names: list[str]) -> list[str]:
-    """This rank's share of the files to hash: the work is split over the ranks."""
-    return names[dist.get_rank()::dist.get_world_size()]
+    """This rank's share of the files to hash: the work is split over the ranks (one process: all)."""
+    return names[dist.get_rank()::dist.get_world_size()] if _distributed() else names
 
 
 def _gather(local: dict) -> dict:
+    if not _distributed():
+        return local
     parts = [None] * dist.get_world_size()
     dist.all_gather_object(parts, local)
     return {k: v for part in parts for k, v in part.items()}
@@ -170,7 +176,7 @@ def _damage(directory: Path, name: str, expected: dict) -> str | None:
 
 
 def verify(path: Path) -> str | None:
-    """All ranks: why the checkpoint at `path` cannot be trusted, or None when every file
+    """All ranks (or one process): why the checkpoint at `path` cannot be trusted, or None when every file
     matches its manifest."""
     try:
         files = json.loads((path / MANIFEST).read_text())["files"]
@@ -226,7 +232,8 @@ class _SafePlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def _dcp_load(state: dict, path: Path) -> None:
+def dcp_load(state: dict, path: Path) -> None:
+    """DCP's load, through the allow-list reader and the weights-only planner."""
     dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner())
 
 
@@ -299,7 +306,7 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     """What went wrong, in one line; for DCP's per-rank report, the first rank's own error."""
     if isinstance(e, dcp.api.CheckpointException) and e.failures:
         e = next(iter(e.failures.values()))[0]
@@ -319,18 +326,18 @@ def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
     meta = read_meta(path)
     model_state = {"model": model.state_dict()}
     try:
-        _dcp_load(model_state, path)
+        dcp_load(model_state, path)
     except LOAD_ERRORS as e:  # foreign files, or a class outside the allow-list
         if isinstance(e, dcp.api.CheckpointException) and any(isinstance(f[0], CheckpointError) for f in e.failures.values()):
-            raise CheckpointError(f"checkpoint {path}: {_first_line(e)}; it was not written by dlrm-scale, do not resume it") from None
-        raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({_first_line(e)}); it is corrupted or for another model") from None
+            raise CheckpointError(f"checkpoint {path}: {first_line(e)}; it was not written by dlrm-scale, do not resume it") from None
+        raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({first_line(e)}); it is corrupted or for another model") from None
     model.load_state_dict(model_state["model"])
     optim_state = {"optimizer": optimizer.state_dict()}
     try:
-        _dcp_load(optim_state, path)
+        dcp_load(optim_state, path)
     except LOAD_ERRORS as e:
         if dist.get_rank() == 0:
-            log.warning("optimizer state of %s does not map onto this plan (%s); it starts fresh", path, _first_line(e))
+            log.warning("optimizer state of %s does not map onto this plan (%s); it starts fresh", path, first_line(e))
     else:
         optimizer.load_state_dict(optim_state["optimizer"])
     rank_file = path / f"rank{dist.get_rank()}.pt"

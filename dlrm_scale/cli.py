@@ -1,4 +1,4 @@
-"""`dlrm-scale` command line: plan | train | calibrate | simulate | profile | explain | diff.
+"""`dlrm-scale` command line: plan | train | calibrate | simulate | profile | explain | diff | export.
 
 Errors a user can cause end in one line on stderr and exit code 2, never a traceback.
 """
@@ -205,6 +205,29 @@ def run_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="a checkpoint's model unsharded, for evaluation or serving in one process")
+    p.add_argument("checkpoint", help="a step_* folder of a checkpoint directory")
+    p.add_argument("--config", required=True, help="the config the checkpoint was trained with")
+    p.add_argument("--out", required=True, help="file to write (torch.load(..., weights_only=True) reads it)")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from dlrm_scale.export import export_checkpoint
+    from dlrm_scale.model import ModelConfig
+    from planner.config import read_yaml, section_dataclass
+
+    check_output_file("--out", args.out)
+    checkpoint = Path(args.checkpoint)
+    if not checkpoint.is_dir():
+        raise ConfigError(f"checkpoint {checkpoint} is not a directory; give one of the step_* folders of a checkpoint directory")
+    problem = load_problem(args.config)
+    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
+    doc = export_checkpoint(checkpoint, list(problem.tables), model, problem.training.embedding_optimizer, Path(args.out))
+    print(f"wrote {args.out}: the model at step {doc['step']}, {len(doc['tables'])} tables, unsharded")
+    return 0
+
+
 def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
     p.add_argument("--out", required=True, help="profile to write, e.g. configs/hardware/mybox.yaml")
@@ -378,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     add_profile_parser(sub)
     add_explain_parser(sub)
     add_diff_parser(sub)
+    add_export_parser(sub)
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
@@ -385,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return {"plan": run_plan, "calibrate": run_calibrate, "simulate": run_simulate, "profile": run_profile,
-                "explain": run_explain, "diff": run_diff}[args.command](args)
+                "explain": run_explain, "diff": run_diff, "export": run_export}[args.command](args)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

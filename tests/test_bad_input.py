@@ -90,6 +90,12 @@ def table_doc(tmp: Path, st: str, shards: list[tuple[int, int, int, int, int]], 
     return doc
 
 
+def export(checkpoint: Path, tmp: Path):
+    from dlrm_scale.export import export_checkpoint
+
+    return export_checkpoint(checkpoint, [TableSpec("a", 10, 8)], ModelConfig(dense_arch=(8,)), "sgd", tmp / "m.pt")
+
+
 def load_doc(doc: dict) -> Plan:
     return Plan.from_dict(doc, source="p.json")
 
@@ -312,6 +318,10 @@ CASES = [
      "--time-limit must be a positive number of seconds, got 0.0"),
     ("store directory that is a file", lambda t: check_store_directory(ssd_plan(), [0], write(t, "f", "x"), "sgd"),
      "store directory {t}/f is a file, not a directory; pass a directory as --store-dir"),
+    ("export of a partial checkpoint", lambda t: export(checkpoint_dir(t, False, "{}"), t),
+     "checkpoint {t}/step_000000005 is partial (no COMPLETE marker); remove it or resume from another"),
+    ("export of a checkpoint without a manifest", lambda t: export(checkpoint_dir(t, True, '{"step": 5}'), t),
+     "checkpoint {t}/step_000000005 is damaged (it has no MANIFEST.json); export another"),
     ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
      "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]
