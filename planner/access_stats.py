@@ -288,8 +288,9 @@ def load_stats(path: str | Path) -> dict[str, TableAccess]:
                 lru=HitRateCurve(fractions, tuple(float(x) for x in t["lru_hit_rate"])),
                 lfu=HitRateCurve(fractions, tuple(float(x) for x in t["lfu_hit_rate"])),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"stats file {path}: table {name!r} has a missing or malformed field ({e}); re-run 'dlrm-scale profile'") from None
+        except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: an integer past float range
+            raise ConfigError(f"stats file {path}: table {name!r} has a missing or malformed field ({str(e)[:80]}); "
+                              f"re-run 'dlrm-scale profile'") from None
         except ConfigError as e:
             raise ConfigError(f"stats file {path}: table {name!r}: {e}") from None
     return out

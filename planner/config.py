@@ -182,8 +182,8 @@ def cluster_fields(section: dict[str, Any], where: str) -> dict[str, Any]:
         if target is None:
             continue
         if key.endswith("_gib_per_rank") or key.endswith("_gib_per_node"):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{where}: '{key}' must be a non-negative number of GiB, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+                raise ConfigError(f"{where}: '{key}' must be a non-negative number of GiB up to 2^40, got {_short_repr(value)}")
             value = int(value * GIB)
         out[target] = value
     if "world_size" in section:

@@ -6,6 +6,7 @@ the field, so a hand-edited plan never fails deep inside training.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -210,18 +211,29 @@ class Plan:
             check_torchrec_shape(name, table, source)
             check_placement(name, table, world, local, source)
             tables[name] = table
+        def number(obj: Any, key: str, where: str, default: float | None = None) -> float:
+            """A finite number (a prediction, a byte count) as a float."""
+            if default is not None and (not isinstance(obj, dict) or key not in obj):
+                return default
+            value = need(obj, key, (int, float), where)
+            if isinstance(value, int) and abs(value) > 2**63 or not math.isfinite(value):
+                raise PlanFormatError(f"{source}: {where}.{key} is {str(value)[:20]}, not a finite number")
+            return float(value)
+
         ranks = []
         for i, r in enumerate(need(doc, "ranks", list, "plan") if "ranks" in doc else []):
-            b = r.get("breakdown_ms", {}) if isinstance(r, dict) else {}
-            perf = Perf(b.get("fwd_compute", 0.0), b.get("fwd_comms", 0.0), b.get("bwd_compute", 0.0), b.get("bwd_comms", 0.0))
+            where = f"ranks[{i}]"
+            b = need(r, "breakdown_ms", dict, where) if isinstance(r, dict) and "breakdown_ms" in r else {}
+            perf = Perf(*(number(b, k, f"{where}.breakdown_ms", 0.0) for k in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms")))
             if not b:
-                perf = Perf(fwd_compute_ms=float(need(r, "predicted_ms", (int, float), f"ranks[{i}]")))
-            mem = need(r, "memory_bytes", dict, f"ranks[{i}]")
-            ranks.append(RankPlan(need(r, "rank", int, f"ranks[{i}]"), perf, Storage(*(int(mem.get(t, 0)) for t in TIERS))))
+                perf = Perf(fwd_compute_ms=number(r, "predicted_ms", where))
+            mem = need(r, "memory_bytes", dict, where)
+            ranks.append(RankPlan(need(r, "rank", int, where), perf,
+                                  Storage(*(int(number(mem, t, f"{where}.memory_bytes", 0.0)) for t in TIERS))))
         predicted = need(doc, "predicted", dict, "plan") if "predicted" in doc else {}
         for key in ("max_rank_ms", "lower_bound_ms", "solve_seconds"):
             if key in predicted:
-                need(predicted, key, (int, float), "plan.predicted")
+                number(predicted, key, "plan.predicted")
         return cls(
             world_size=world,
             ranks_per_node=local,

@@ -17,7 +17,8 @@ numbers = st.one_of(st.integers(-10, 10**12), st.integers(-2**70, 2**70), st.jus
 scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=12))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=12)
 keys = st.sampled_from(["hardware", "cluster", "training", "tables", "tables_csv", "model", "batch_size_per_rank",
-                        "world_size", "name", "num_embeddings", "embedding_dim", "pooling_factor", "ranks_per_node", "typo"])
+                        "world_size", "name", "num_embeddings", "embedding_dim", "pooling_factor", "ranks_per_node",
+                        "hbm_gib_per_rank", "ddr_gib_per_node", "train", "steps", "typo"])
 configs = st.dictionaries(keys, values, max_size=6)
 
 
