@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dlrm_scale import checkpoint as ckpt
-from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
+from dlrm_scale.model import TABLE_KEY_PREFIX, ModelConfig, build_model
 from planner.cost_model import OPTIMIZER_STATE
 from planner.errors import ConfigError
 from planner.specs import TableSpec
@@ -27,7 +27,7 @@ ROW_FILE = re.compile(r"tiered\.(?P<table>.+)\.cols(?P<col>\d+)\.rank\d+\.f32")
 
 
 def _weight_key(table: str) -> str:
-    return f"{EMBEDDING_MODULE_PATH}.embedding_bags.{table}.weight"
+    return f"{TABLE_KEY_PREFIX}{table}.weight"
 
 
 def _cached_columns(path: Path, table: TableSpec, optimizer: str) -> tuple[int, torch.Tensor]:

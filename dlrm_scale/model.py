@@ -18,6 +18,12 @@ from planner.specs import TableSpec
 ARCHS = ("dlrm", "dcnv2")
 # Where DistributedModelParallel finds the embedding collection inside DLRMTrain.
 EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
+TABLE_KEY_PREFIX = EMBEDDING_MODULE_PATH + ".embedding_bags."  # + name + ".weight": a table in a state dict
+
+
+def table_of_key(key: str) -> str | None:
+    """The table a state-dict key holds the weights of, or None for any other key."""
+    return key[len(TABLE_KEY_PREFIX):-len(".weight")] if key.startswith(TABLE_KEY_PREFIX) and key.endswith(".weight") else None
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
 from planner.cost_model import cache_rows
 from planner.plan import CACHED_KERNELS, Plan, PlannedShard, TablePlan
 
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
-
-
-def placement(rank: int, device: str, ranks_per_node: int) -> str:
-    """Where TorchRec's planner puts a shard: on CUDA the rank's local GPU, cuda:(rank % local)."""
-    return f"rank:{rank}/cuda:{rank % ranks_per_node}" if device == "cuda" else f"rank:{rank}/{device}"
 
 
 def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> ParameterSharding:
@@ -28,7 +24,7 @@ def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> Pa
             ShardMetadata(
                 shard_offsets=[s.row_offset, s.col_offset],
                 shard_sizes=[s.rows, s.cols],
-                placement=placement(s.rank, device, ranks_per_node),
+                placement=placement(device, s.rank, ranks_per_node),  # cuda: the rank's local GPU
             )
             for s in table.shards
         ]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from dlrm_scale.model import EMBEDDING_MODULE_PATH
+from dlrm_scale.model import table_of_key
 
 
 def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, torch.Tensor]:
@@ -17,7 +17,6 @@ def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, 
     All ranks must call it. Data-parallel tables are plain replicated tensors already. Cached
     tables (a dlrm_scale.tiering.TieredEmbeddings) are read from their stores.
     """
-    prefix = EMBEDDING_MODULE_PATH + ".embedding_bags."
     out = {}
     rank = dist.get_rank()
     cached = {}
@@ -30,10 +29,8 @@ def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, 
     for (name, col), weights in shards if rank == dst else ():
         out[name] = weights if name not in out else torch.cat([out[name], weights], dim=1)
     for key, value in model.state_dict().items():
-        if not (key.startswith(prefix) and key.endswith(".weight")):
-            continue
-        name = key[len(prefix) : -len(".weight")]
-        if name in cached_names:
+        name = table_of_key(key)
+        if name is None or name in cached_names:
             continue
         if isinstance(value, ShardedTensor):
             full = torch.empty(value.size(), dtype=value.dtype) if rank == dst else None
@@ -47,11 +44,10 @@ def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, 
 
 def local_shard_blocks(model: torch.nn.Module) -> dict[str, list[tuple[int, int, int, int]]]:
     """(row_offset, col_offset, rows, cols) of the shards this rank holds, per table."""
-    prefix = EMBEDDING_MODULE_PATH + ".embedding_bags."
     out: dict[str, list[tuple[int, int, int, int]]] = {}
     for key, value in model.state_dict().items():
-        if key.startswith(prefix) and key.endswith(".weight"):
-            name = key[len(prefix) : -len(".weight")]
+        name = table_of_key(key)
+        if name is not None:
             if isinstance(value, ShardedTensor):
                 out[name] = sorted(
                     (m.shard_offsets[0], m.shard_offsets[1], m.shard_sizes[0], m.shard_sizes[1])

@@ -246,10 +246,7 @@ class TieredShard:
 
     def set_weights(self, weights: torch.Tensor) -> None:
         """Start over from these weights and a zero optimizer state (to compare runs)."""
-        self.invalidate()
-        records = torch.zeros(len(weights), self.store.width)
-        records[:, : weights.shape[1]] = weights
-        self.store.fill(0, records)
+        self.initialise(lambda start, stop: weights[start:stop])
 
 
 def _done(value) -> Future:

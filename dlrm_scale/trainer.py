@@ -22,7 +22,7 @@ from dlrm_scale.criteo import criteo_data
 from dlrm_scale.data import SyntheticData
 from dlrm_scale.huge_pages import back_with_huge_pages
 from dlrm_scale.initial_weights import initialise_embeddings
-from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model
+from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model, table_of_key
 from dlrm_scale.qcomms import qcomm_codecs_registry
 from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.sharding import to_sharding_plan
@@ -114,8 +114,7 @@ class Trainer:
                 print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
         dense_cls = torch.optim.Adagrad if config.dense_optimizer == "adagrad" else torch.optim.SGD
         unfused = dict(in_backward_optimizer_filter(self.model.named_parameters()))
-        table_prefix = EMBEDDING_MODULE_PATH + ".embedding_bags."
-        replicated = {k: (k[len(table_prefix):-len(".weight")], p) for k, p in unfused.items() if k.startswith(table_prefix)}
+        replicated = {k: (table_of_key(k), p) for k, p in unfused.items() if table_of_key(k) is not None}
         dense = KeyedOptimizerWrapper({k: p for k, p in unfused.items() if k not in replicated},
                                       lambda params: dense_cls(params, lr=config.dense_lr))
         optimizers = [self.model.fused_optimizer, dense]

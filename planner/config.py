@@ -19,7 +19,7 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.access_stats import load_stats
-from planner.specs import MAX_COUNT, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.specs import MAX_COUNT, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
@@ -80,7 +80,7 @@ def section_dataclass(doc: dict[str, Any], key: str, cls: type, where: str, **de
     for name, value in section.items():
         kind = kinds[name]
         if kind is not None and not _is_kind(value, kind):
-            raise ConfigError(f"{where}: {key}: {name} must be {kind[0]}, got {_short_repr(value)}")
+            raise ConfigError(f"{where}: {key}: {name} must be {kind[0]}, got {short_repr(value)}")
     try:
         return cls(**{**defaults, **section})
     except TypeError:
@@ -102,11 +102,6 @@ def _is_kind(value: Any, kind: tuple[str, type]) -> bool:
     if kind[1] is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, str)
-
-
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
@@ -183,7 +178,7 @@ def cluster_fields(section: dict[str, Any], where: str) -> dict[str, Any]:
             continue
         if key.endswith("_gib_per_rank") or key.endswith("_gib_per_node"):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
-                raise ConfigError(f"{where}: '{key}' must be a non-negative number of GiB up to 2^40, got {_short_repr(value)}")
+                raise ConfigError(f"{where}: '{key}' must be a non-negative number of GiB up to 2^40, got {short_repr(value)}")
             value = int(value * GIB)
         out[target] = value
     if "world_size" in section:

@@ -44,7 +44,7 @@ MAX_ZIPF_EXPONENT = 10.0
 
 def _positive(owner: str, name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_COUNT:
-        raise ConfigError(f"{owner}: '{name}' must be a positive number up to 2^40, got {_short(value)}")
+        raise ConfigError(f"{owner}: '{name}' must be a positive number up to 2^40, got {short_repr(value)}")
 
 
 # The largest count any setting may take: 2^40 rows is 100x the largest production table, and
@@ -54,12 +54,12 @@ MAX_COUNT = 2**40
 
 def _positive_int(owner: str, name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{owner}: '{name}' must be a positive integer, got {_short(value)}")
+        raise ConfigError(f"{owner}: '{name}' must be a positive integer, got {short_repr(value)}")
     if value > MAX_COUNT:
-        raise ConfigError(f"{owner}: '{name}' must be at most 2^40, got {_short(value)}")
+        raise ConfigError(f"{owner}: '{name}' must be at most 2^40, got {short_repr(value)}")
 
 
-def _short(value) -> str:
+def short_repr(value) -> str:
     """A value for a one-line message: thousands of digits are not."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
