@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-POLICIES = ("lru", "lfu")
+from planner.specs import CACHE_POLICIES
+
 EMPTY = -1
 _HASH = 0x9E3779B97F4A7C15 - 2**64  # Fibonacci hashing spreads consecutive (hot) ids over sets
 
@@ -61,8 +62,8 @@ def split_capacity(cache_rows: int, ways: int) -> tuple[int, int, int]:
 
 class SetAssociativeCache:
     def __init__(self, cache_rows: int, num_rows: int, ways: int = 32, policy: str = "lru") -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"cache policy {policy!r} is not one of {POLICIES}")
+        if policy not in CACHE_POLICIES:
+            raise ValueError(f"cache policy {policy!r} is not one of {CACHE_POLICIES}")
         self.sets, self.ways, self.overflow_rows = split_capacity(cache_rows, ways)
         self.capacity = cache_rows
         self.policy = policy

@@ -6,8 +6,9 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, Shard
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from planner.cost_model import cache_rows
-from planner.plan import CACHED_KERNELS, Plan, PlannedShard, TablePlan
+from planner.schemes import cache_rows
+from planner.plan import Plan, PlannedShard, TablePlan
+from planner.schemes import CACHED_KERNELS
 
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 

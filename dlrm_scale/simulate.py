@@ -13,10 +13,9 @@ from dlrm_scale.model import ModelConfig, dense_cost
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms, framework_overhead_ms
 from planner.plan import Plan
 from planner.scoring import rank_breakdown
-from planner.specs import PlanningProblem
+from planner.specs import GIB, PlanningProblem
 from planner.types import TIERS, Perf, Storage
 
-GIB = 1024**3
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -21,8 +22,8 @@ import numpy as np
 
 from planner import json_file
 from planner.errors import ConfigError
+from planner.specs import CACHE_POLICIES, PlanningProblem, TableSpec
 
-POLICIES = ("lru", "lfu")
 # Cache sizes at which curves are tabulated, as fractions of the table's rows.
 CACHE_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
 STATS_SCHEMA = "dlrm-scale/stats/v1"
@@ -61,8 +62,8 @@ class TableAccess:
     lfu: HitRateCurve
 
     def curve(self, policy: str) -> HitRateCurve:
-        if policy not in POLICIES:
-            raise ConfigError(f"unknown cache policy {policy!r}; use one of {', '.join(POLICIES)}")
+        if policy not in CACHE_POLICIES:
+            raise ConfigError(f"unknown cache policy {policy!r}; use one of {', '.join(CACHE_POLICIES)}")
         return self.lru if policy == "lru" else self.lfu
 
     @property
@@ -294,3 +295,18 @@ def load_stats(path: str | Path) -> dict[str, TableAccess]:
         except ConfigError as e:
             raise ConfigError(f"stats file {path}: table {name!r}: {e}") from None
     return out
+
+
+@lru_cache(maxsize=4096)
+def _zipf_access(name: str, rows: int, exponent: float, batch: int, pooling: float) -> TableAccess:
+    return zipf_access(name, rows, exponent, batch, pooling)
+
+
+def table_access(table: TableSpec, problem: PlanningProblem) -> TableAccess:
+    """Measured statistics when stats.json has the table; else its Zipf law (uniform if none
+    is given) at the step's global batch."""
+    measured = problem.access.get(table.name)
+    if measured is not None:
+        return measured
+    batch = problem.training.batch_size_per_rank * problem.cluster.world_size
+    return _zipf_access("zipf", table.num_embeddings, float(table.zipf_exponent or 0.0), batch, table.pooling_factor)

@@ -8,59 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from functools import lru_cache
-
-from planner.access_stats import TableAccess, zipf_access
-from planner.cost_model import CostModel, OptionRequest, rows_bytes
+from planner.access_stats import TableAccess, table_access
+from planner.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
 from planner.errors import InfeasiblePlanError
-from planner.schemes import shard_counts, shard_geometry
+from planner.schemes import CACHEABLE, ROW_SCHEMES, compute_kernel_for, shard_counts, shard_geometry
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 from planner.types import TIERS, ShardingOption, ShardingType
 
-# Schemes whose shards may be cached. On CUDA, FBGEMM caches any TBE shard. On CPU our tiered
-# store remaps ids after TorchRec's input distribution, which bucketizes row-wise tables by
-# the rows it holds, so those stay uncached; replicas (data_parallel) are never cached.
-CACHEABLE = {
-    "cuda": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
-             ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE),
-    "cpu": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE),
-}
-
-
-def compute_kernel_for(sharding_type: ShardingType) -> str:
-    """TorchRec's kernel names: replicas train with the dense kernel, shards with fused TBE."""
-    return "dense" if sharding_type is ShardingType.DATA_PARALLEL else "fused"
-
-
-ROW_SCHEMES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 MIN_CACHE_BATCHES = 2  # smaller caches evict rows the same batch needs (and overflow)
-
-
-def cached_kernel_for(tier: str) -> str:
-    """TorchRec's kernel names: rows in host DDR behind an HBM cache, or in a key-value store."""
-    return "fused_uvm_caching" if tier == "ddr" else "key_value"
-
-
-@lru_cache(maxsize=4096)
-def _zipf_access(name: str, rows: int, exponent: float, batch: int, pooling: float) -> TableAccess:
-    return zipf_access(name, rows, exponent, batch, pooling)
-
-
-def table_access(table: TableSpec, problem: PlanningProblem) -> TableAccess:
-    """Measured statistics when stats.json has the table; else its Zipf law (uniform if none
-    is given) at the step's global batch."""
-    measured = problem.access.get(table.name)
-    if measured is not None:
-        return measured
-    batch = problem.training.batch_size_per_rank * problem.cluster.world_size
-    return _zipf_access("zipf", table.num_embeddings, float(table.zipf_exponent or 0.0), batch, table.pooling_factor)
-
-
-def cached_request(table: TableSpec, sharding_type: ShardingType, geometries: tuple, tier: str, fraction: float,
-                   access: TableAccess, policy: str) -> OptionRequest:
-    """A cached option to cost: rows in `tier`, `fraction` of each shard's rows cached."""
-    return OptionRequest(table, sharding_type, cached_kernel_for(tier), tier, geometries, cache_fraction=fraction,
-                         hit_rate=access.curve(policy).at(fraction), unique_ratio=access.unique_ratio)
 
 
 def worth_caching(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec, tiering: TieringSpec) -> bool:

@@ -19,12 +19,11 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.access_stats import load_stats
-from planner.specs import MAX_COUNT, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.specs import GIB, MAX_COUNT, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
 DEFAULT_HARDWARE = "a100_zionex"
-GIB = 1024**3
 
 TOP_LEVEL_KEYS = ("hardware", "cluster", "training", "tables", "tables_csv", "model", "train", "tiering")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")

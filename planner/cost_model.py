@@ -12,7 +12,6 @@ a hardware profile. dlrm_scale.torchrec_cost implements it from TorchRec's estim
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -24,6 +23,8 @@ from planner.specs import (
     TableSpec,
     TrainingSpec,
 )
+from planner.access_stats import TableAccess
+from planner.schemes import cache_rows, cached_kernel_for
 from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 
 WEIGHT_BYTES = 4  # fp32 embedding weights
@@ -59,6 +60,13 @@ class CostModel(Protocol):
     name: str
 
     def estimate(self, requests: Sequence[OptionRequest]) -> list[ShardingOption]: ...
+
+
+def cached_request(table: TableSpec, sharding_type: ShardingType, geometries: tuple, tier: str, fraction: float,
+                   access: TableAccess, policy: str) -> OptionRequest:
+    """A cached option to cost: rows in `tier`, `fraction` of each shard's rows cached."""
+    return OptionRequest(table, sharding_type, cached_kernel_for(tier), tier, geometries, cache_fraction=fraction,
+                         hit_rate=access.curve(policy).at(fraction), unique_ratio=access.unique_ratio)
 
 
 def transfer_ms(num_bytes: float, gb_per_s: float) -> float:
@@ -102,11 +110,6 @@ def lookup_bwd_ms(
     state_row_bytes = optimizer_state_bytes(1, cols, optimizer)
     bytes_touched = num_lookups * 2 * (cols * WEIGHT_BYTES + state_row_bytes)
     return transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
-
-
-def cache_rows(rows: int, cache_fraction: float) -> int:
-    """Rows of a shard's cache: the fraction rounded up, at least one, at most the shard."""
-    return min(rows, max(1, math.ceil(rows * cache_fraction))) if rows else 0
 
 
 def cache_miss_ms(misses: float, cols: int, optimizer: str, tier_gb_per_s: float, latency_us: float) -> float:

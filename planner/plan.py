@@ -1,7 +1,10 @@
-"""The plan: what every consumer reads (`dlrm-scale/plan/v1` JSON), built from a solution.
+"""The plan: what every consumer reads (`dlrm-scale/plan/v1` JSON).
 
 Loading validates the document fully and raises PlanFormatError with one line that names
-the field, so a hand-edited plan never fails deep inside training.
+the field, so a hand-edited plan never fails deep inside training. A plan records the inputs
+it was made for (`PlanInputs`), and `check_plan_inputs` refuses it for a run with others, as
+TorchRec's PlanLoader refuses a plan whose planner inputs hash differently. This module knows
+the format only: planning.py builds a plan from the search's solution.
 """
 
 from __future__ import annotations
@@ -11,18 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from planner.candidates import cached_kernel_for, compute_kernel_for
-from planner.cost_model import cache_rows
 from planner import json_file
 from planner.errors import PlanFormatError
-from planner.schemes import COLUMN_ALIGNMENT, row_blocks, shard_geometry
-from planner.solver import Solution
-from planner.specs import ClusterSpec, TableSpec
+from planner.plan_inputs import PlanInputs
+from planner.schemes import (CACHED_KERNELS, COLUMN_ALIGNMENT, KERNELS, cache_rows, cached_kernel_for, compute_kernel_for,
+                             row_blocks, shard_geometry)
+from planner.specs import PlanningProblem, TableSpec
 from planner.types import TIERS, Perf, ShardingType, Storage
 
 SCHEMA = "dlrm-scale/plan/v1"
-KERNELS = ("dense", "fused", "fused_uvm_caching", "key_value")
-CACHED_KERNELS = ("fused_uvm_caching", "key_value")
 
 
 @dataclass(frozen=True)
@@ -76,47 +76,11 @@ class Plan:
     cost_model: str = "ours"
     solver: str = ""
     solve_seconds: float = 0.0
+    inputs: PlanInputs | None = None  # what it was made for; None for a plan written by hand
 
     @property
     def gap(self) -> float:
         return self.max_rank_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 0 else 0.0
-
-    # ---- building -------------------------------------------------------------------------
-    @classmethod
-    def from_solution(cls, solution: Solution, cluster: ClusterSpec, table_order: list[str], cost_model: str) -> Plan:
-        world = cluster.world_size
-        perf = [Perf() for _ in range(world)]
-        memory = [Storage() for _ in range(world)]
-        tables = {}
-        for name in table_order:
-            option = solution.assignment.choice[name]
-            ranks = solution.assignment.shard_ranks[name]
-            shards = []
-            cached = option.cache_fraction < 1.0
-            for g, shard, rank in zip(option.geometries, option.shards, ranks):
-                cache = cache_rows(g.rows, option.cache_fraction) if cached else 0
-                shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier, cache))
-                perf[rank] = perf[rank] + shard.perf
-                memory[rank] = memory[rank] + shard.storage
-            first = option.geometries[0]
-            rows = sum(g.rows for g in option.geometries) if option.sharding_type in (
-                ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE) else first.rows
-            cols = sum(g.cols for g in option.geometries) if option.sharding_type in (
-                ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE) else first.cols
-            tables[name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards),
-                                     option.cache_fraction if cached else None)
-        rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
-        return cls(
-            world_size=world,
-            ranks_per_node=cluster.ranks_per_node,
-            tables=tables,
-            ranks=rank_plans,
-            max_rank_ms=max(r.predicted_ms for r in rank_plans),
-            lower_bound_ms=solution.lower_bound_ms,
-            cost_model=cost_model,
-            solver=solution.method,
-            solve_seconds=solution.seconds,
-        )
 
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +109,7 @@ class Plan:
                 "solver": self.solver,
                 "solve_seconds": self.solve_seconds,
             },
+            **({"inputs": self.inputs.to_dict()} if self.inputs is not None else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -157,83 +122,20 @@ class Plan:
 
     @classmethod
     def from_dict(cls, doc: Any, source: str = "plan") -> Plan:
-        def need(obj: Any, key: str, kind: type | tuple, where: str) -> Any:
-            if not isinstance(obj, dict) or key not in obj:
-                raise PlanFormatError(f"{source}: {where} has no '{key}'")
-            value = obj[key]
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise PlanFormatError(f"{source}: {where}.{key} has the wrong type ({type(value).__name__})")
-            return value
-
+        reader = _Reader(source)
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise PlanFormatError(f"{source}: not a {SCHEMA} document (schema is {doc.get('schema') if isinstance(doc, dict) else None!r})")
-        world = need(doc, "world_size", int, "plan")
-        local = need(doc, "ranks_per_node", int, "plan")
+        world = reader.need(doc, "world_size", int, "plan")
+        local = reader.need(doc, "ranks_per_node", int, "plan")
         if world < 1 or local < 1 or world % local:
             raise PlanFormatError(f"{source}: world_size {world} must be a positive multiple of ranks_per_node {local}")
-        tables = {}
-        for name, t in need(doc, "tables", dict, "plan").items():
-            where = f"tables[{name!r}]"
-            st = need(t, "sharding_type", str, where)
-            if st not in {s.value for s in ShardingType}:
-                raise PlanFormatError(f"{source}: {where}.sharding_type {st!r} is not one of {[s.value for s in ShardingType]}")
-            kernel = need(t, "compute_kernel", str, where)
-            if kernel not in KERNELS:
-                raise PlanFormatError(f"{source}: {where}.compute_kernel {kernel!r} is not one of {list(KERNELS)}")
-            shards = []
-            for i, s in enumerate(need(t, "shards", list, where)):
-                sw = f"{where}.shards[{i}]"
-                vals = [need(s, k, int, sw) for k in ("rank", "row_offset", "col_offset", "rows", "cols")]
-                if not 0 <= vals[0] < world or min(vals[1:]) < 0:
-                    raise PlanFormatError(f"{source}: {sw} has rank {vals[0]} outside 0..{world - 1} or a negative size")
-                tier = need(s, "tier", str, sw)
-                if tier not in TIERS:
-                    raise PlanFormatError(f"{source}: {sw}.tier {tier!r} is not one of {list(TIERS)}")
-                cache = 0
-                if kernel in CACHED_KERNELS:
-                    cache = need(s, "cache_rows", int, sw)
-                    if not 0 < cache <= max(1, vals[3]):
-                        raise PlanFormatError(f"{source}: {sw}.cache_rows {cache} must be in 1..{vals[3]} (the shard's rows)")
-                shards.append(PlannedShard(*vals, tier, cache))
-            if not shards:
-                raise PlanFormatError(f"{source}: {where} has no shards")
-            load_factor = None
-            if kernel in CACHED_KERNELS:
-                load_factor = need(t, "cache_load_factor", (int, float), where)
-                if not 0 < load_factor <= 1:
-                    raise PlanFormatError(f"{source}: {where}.cache_load_factor {load_factor} must be in (0, 1]")
-            rows = need(t, "num_embeddings", int, where) if "num_embeddings" in t else max(s.row_offset + s.rows for s in shards)
-            cols = need(t, "embedding_dim", int, where) if "embedding_dim" in t else max(s.col_offset + s.cols for s in shards)
-            if rows < 1 or cols < 1:
-                raise PlanFormatError(f"{source}: {where} is {rows}x{cols}; a table needs at least one row and column")
-            table = TablePlan(st, kernel, rows, cols, tuple(shards), load_factor)
-            check_geometry(name, table, source)
-            check_torchrec_shape(name, table, source)
-            check_placement(name, table, world, local, source)
-            tables[name] = table
-        def number(obj: Any, key: str, where: str, default: float | None = None) -> float:
-            """A finite number (a prediction, a byte count) as a float."""
-            if default is not None and (not isinstance(obj, dict) or key not in obj):
-                return default
-            value = need(obj, key, (int, float), where)
-            if isinstance(value, int) and abs(value) > 2**63 or not math.isfinite(value):
-                raise PlanFormatError(f"{source}: {where}.{key} is {str(value)[:20]}, not a finite number")
-            return float(value)
-
-        ranks = []
-        for i, r in enumerate(need(doc, "ranks", list, "plan") if "ranks" in doc else []):
-            where = f"ranks[{i}]"
-            b = need(r, "breakdown_ms", dict, where) if isinstance(r, dict) and "breakdown_ms" in r else {}
-            perf = Perf(*(number(b, k, f"{where}.breakdown_ms", 0.0) for k in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms")))
-            if not b:
-                perf = Perf(fwd_compute_ms=number(r, "predicted_ms", where))
-            mem = need(r, "memory_bytes", dict, where)
-            ranks.append(RankPlan(need(r, "rank", int, where), perf,
-                                  Storage(*(int(number(mem, t, f"{where}.memory_bytes", 0.0)) for t in TIERS))))
-        predicted = need(doc, "predicted", dict, "plan") if "predicted" in doc else {}
+        tables = {name: reader.table(name, t, world, local) for name, t in reader.need(doc, "tables", dict, "plan").items()}
+        ranks = [reader.rank(i, r) for i, r in enumerate(reader.need(doc, "ranks", list, "plan") if "ranks" in doc else [])]
+        predicted = reader.need(doc, "predicted", dict, "plan") if "predicted" in doc else {}
         for key in ("max_rank_ms", "lower_bound_ms", "solve_seconds"):
             if key in predicted:
-                number(predicted, key, "plan.predicted")
+                reader.number(predicted, key, "plan.predicted")
+        inputs = PlanInputs.from_dict(reader.need(doc, "inputs", dict, "plan"), source) if "inputs" in doc else None
         return cls(
             world_size=world,
             ranks_per_node=local,
@@ -244,7 +146,82 @@ class Plan:
             cost_model=str(doc.get("cost_model", "ours")),
             solver=str(predicted.get("solver", "")),
             solve_seconds=float(predicted.get("solve_seconds", 0.0)),
+            inputs=inputs,
         )
+
+
+class _Reader:
+    """Typed reads of one plan document's fields, each failure one line naming the field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def need(self, obj: Any, key: str, kind: type | tuple, where: str) -> Any:
+        if not isinstance(obj, dict) or key not in obj:
+            raise PlanFormatError(f"{self.source}: {where} has no '{key}'")
+        value = obj[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise PlanFormatError(f"{self.source}: {where}.{key} has the wrong type ({type(value).__name__})")
+        return value
+
+    def number(self, obj: Any, key: str, where: str, default: float | None = None) -> float:
+        """A finite number (a prediction, a byte count) as a float."""
+        if default is not None and (not isinstance(obj, dict) or key not in obj):
+            return default
+        value = self.need(obj, key, (int, float), where)
+        if isinstance(value, int) and abs(value) > 2**63 or not math.isfinite(value):
+            raise PlanFormatError(f"{self.source}: {where}.{key} is {str(value)[:20]}, not a finite number")
+        return float(value)
+
+    def table(self, name: str, t: Any, world: int, local: int) -> TablePlan:
+        source, where = self.source, f"tables[{name!r}]"
+        st = self.need(t, "sharding_type", str, where)
+        if st not in {s.value for s in ShardingType}:
+            raise PlanFormatError(f"{source}: {where}.sharding_type {st!r} is not one of {[s.value for s in ShardingType]}")
+        kernel = self.need(t, "compute_kernel", str, where)
+        if kernel not in KERNELS:
+            raise PlanFormatError(f"{source}: {where}.compute_kernel {kernel!r} is not one of {list(KERNELS)}")
+        shards = [self.shard(f"{where}.shards[{i}]", s, kernel, world) for i, s in enumerate(self.need(t, "shards", list, where))]
+        if not shards:
+            raise PlanFormatError(f"{source}: {where} has no shards")
+        load_factor = None
+        if kernel in CACHED_KERNELS:
+            load_factor = self.need(t, "cache_load_factor", (int, float), where)
+            if not 0 < load_factor <= 1:
+                raise PlanFormatError(f"{source}: {where}.cache_load_factor {load_factor} must be in (0, 1]")
+        rows = self.need(t, "num_embeddings", int, where) if "num_embeddings" in t else max(s.row_offset + s.rows for s in shards)
+        cols = self.need(t, "embedding_dim", int, where) if "embedding_dim" in t else max(s.col_offset + s.cols for s in shards)
+        if rows < 1 or cols < 1:
+            raise PlanFormatError(f"{source}: {where} is {rows}x{cols}; a table needs at least one row and column")
+        table = TablePlan(st, kernel, rows, cols, tuple(shards), load_factor)
+        check_geometry(name, table, source)
+        check_torchrec_shape(name, table, source)
+        check_placement(name, table, world, local, source)
+        return table
+
+    def shard(self, where: str, s: Any, kernel: str, world: int) -> PlannedShard:
+        vals = [self.need(s, k, int, where) for k in ("rank", "row_offset", "col_offset", "rows", "cols")]
+        if not 0 <= vals[0] < world or min(vals[1:]) < 0:
+            raise PlanFormatError(f"{self.source}: {where} has rank {vals[0]} outside 0..{world - 1} or a negative size")
+        tier = self.need(s, "tier", str, where)
+        if tier not in TIERS:
+            raise PlanFormatError(f"{self.source}: {where}.tier {tier!r} is not one of {list(TIERS)}")
+        cache = 0
+        if kernel in CACHED_KERNELS:
+            cache = self.need(s, "cache_rows", int, where)
+            if not 0 < cache <= max(1, vals[3]):
+                raise PlanFormatError(f"{self.source}: {where}.cache_rows {cache} must be in 1..{vals[3]} (the shard's rows)")
+        return PlannedShard(*vals, tier, cache)
+
+    def rank(self, i: int, r: Any) -> RankPlan:
+        where = f"ranks[{i}]"
+        b = self.need(r, "breakdown_ms", dict, where) if isinstance(r, dict) and "breakdown_ms" in r else {}
+        perf = Perf(*(self.number(b, k, f"{where}.breakdown_ms", 0.0) for k in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms")))
+        if not b:
+            perf = Perf(fwd_compute_ms=self.number(r, "predicted_ms", where))
+        mem = self.need(r, "memory_bytes", dict, where)
+        return RankPlan(self.need(r, "rank", int, where), perf,
+                        Storage(*(int(self.number(mem, t, f"{where}.memory_bytes", 0.0)) for t in TIERS)))
 
 
 def _table_dict(t: TablePlan) -> dict[str, Any]:
@@ -343,3 +320,33 @@ def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:
         raise PlanFormatError(f"{source}: shards of {name!r} overlap")
     if area != rows * cols:
         raise PlanFormatError(f"{source}: shards of {name!r} cover {area} of its {rows * cols} weights")
+
+
+def check_plan_tables(plan: Plan, problem: PlanningProblem) -> None:
+    """The plan covers exactly the problem's tables, at their shapes, on its world size."""
+    world = problem.cluster.world_size
+    if plan.world_size != world:
+        raise PlanFormatError(f"plan is for {plan.world_size} ranks but the job has {world}; re-plan with --world-size {world}")
+    for t in problem.tables:
+        tp = plan.tables.get(t.name)
+        if tp is None:
+            raise PlanFormatError(f"plan has no table '{t.name}'; re-plan for this config")
+        if (tp.num_embeddings, tp.embedding_dim) != (t.num_embeddings, t.embedding_dim):
+            raise PlanFormatError(
+                f"plan's table '{t.name}' is {tp.num_embeddings}x{tp.embedding_dim} but the model's is "
+                f"{t.num_embeddings}x{t.embedding_dim}; re-plan for this config"
+            )
+    extra = set(plan.tables) - set(problem.tables_by_name)
+    if extra:
+        raise PlanFormatError(f"plan has table '{sorted(extra)[0]}' that the model lacks; re-plan for this config")
+
+
+def check_plan_inputs(plan: Plan, problem: PlanningProblem, source: str = "plan") -> None:
+    """check_plan_tables, then the inputs the plan records against the run's (a plan written by
+    hand records none): a plan priced for another run is refused, naming what differs."""
+    check_plan_tables(plan, problem)
+    if plan.inputs is None:
+        return
+    why = plan.inputs.mismatch(PlanInputs.of(problem))
+    if why:
+        raise PlanFormatError(f"{source} does not fit this run: {why}; re-plan for it with 'dlrm-scale plan'")

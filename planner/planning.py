@@ -8,9 +8,12 @@ from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
 from planner.cost_model import AnalyticCostModel, CostModel
 from planner.errors import InfeasiblePlanError
-from planner.plan import Plan
-from planner.solver import SolverConfig, solve
+from planner.plan import Plan, PlannedShard, RankPlan, TablePlan
+from planner.plan_inputs import PlanInputs
+from planner.schemes import COLUMN_SCHEMES, ROW_SCHEMES, cache_rows
+from planner.solver import Solution, SolverConfig, solve
 from planner.specs import PlanningProblem
+from planner.types import Perf, Storage
 
 # The solver always gets at least this share of the time limit, however long costing took.
 MIN_SOLVER_SHARE = 0.2
@@ -38,6 +41,34 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
         except InfeasiblePlanError:
             if i == len(attempts) - 1:
                 raise
-    plan = Plan.from_solution(solution, problem.cluster, [t.name for t in problem.tables], cost_model.name)
+    plan = plan_from_solution(solution, problem, cost_model.name)
     check_capacity([r.memory for r in plan.ranks], problem.cluster)
     return plan
+
+
+def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model: str) -> Plan:
+    """The plan of a solution: each table's shards on their ranks, each rank's predicted time
+    and bytes (the sums of its shards'), and the inputs it was made for."""
+    world = problem.cluster.world_size
+    perf = [Perf() for _ in range(world)]
+    memory = [Storage() for _ in range(world)]
+    tables = {}
+    for table in problem.tables:
+        option = solution.assignment.choice[table.name]
+        cached = option.cache_fraction < 1.0
+        shards = []
+        for g, shard, rank in zip(option.geometries, option.shards, solution.assignment.shard_ranks[table.name]):
+            cache = cache_rows(g.rows, option.cache_fraction) if cached else 0
+            shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier, cache))
+            perf[rank] = perf[rank] + shard.perf
+            memory[rank] = memory[rank] + shard.storage
+        first = option.geometries[0]
+        rows = sum(g.rows for g in option.geometries) if option.sharding_type in ROW_SCHEMES else first.rows
+        cols = sum(g.cols for g in option.geometries) if option.sharding_type in COLUMN_SCHEMES else first.cols
+        tables[table.name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards),
+                                       option.cache_fraction if cached else None)
+    rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
+    return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
+                max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,
+                cost_model=cost_model, solver=solution.method, solve_seconds=solution.seconds,
+                inputs=PlanInputs.of(problem))

@@ -6,9 +6,9 @@ from collections import Counter
 from pathlib import Path
 
 from planner.plan import Plan
+from planner.specs import GIB
 from planner.types import TIERS
 
-GIB = 1024**3
 
 
 def format_plan(plan: Plan, max_rank_rows: int = 16, max_table_rows: int = 32) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.candidates import cached_request, table_access
-from planner.cost_model import CostModel, OptionRequest
+from planner.access_stats import table_access
+from planner.cost_model import CostModel, OptionRequest, cached_request
 from planner.plan import Plan
 from planner.specs import PlanningProblem
 from planner.types import Perf, ShardGeometry, ShardingOption, ShardingType, Storage

@@ -36,6 +36,8 @@ OPTIMIZER_STATE = {
 
 DEVICES = ("cuda", "cpu")
 
+GIB = 1024**3  # configs and profiles speak in GiB; specs hold bytes
+
 
 # Past this every id is the hottest row (the second is 2^-10 as likely); larger and infinite
 # exponents only overflow the samplers.

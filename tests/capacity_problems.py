@@ -14,7 +14,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from planner.config import build_cluster, cluster_fields, hardware_path, read_yaml
-from planner.cost_model import cache_rows, rows_bytes, shard_storage_bytes
+from planner.cost_model import rows_bytes, shard_storage_bytes
+from planner.schemes import cache_rows
 from planner.errors import PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan

@@ -1,8 +1,6 @@
 import pytest
 
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
-
-GIB = 1024**3
+from planner.specs import GIB, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 
 def make_cluster(num_nodes=1, ranks_per_node=4, hbm_gib=40.0, **kw) -> ClusterSpec:

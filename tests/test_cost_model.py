@@ -2,7 +2,7 @@ import pytest
 
 from planner import cost_model as cm
 from planner.cost_model import AnalyticCostModel, OptionRequest
-from planner.schemes import shard_geometry
+from planner.schemes import cache_rows, shard_geometry
 from planner.specs import TableSpec, TrainingSpec
 from planner.types import ShardingType
 from tests.conftest import make_cluster
@@ -96,7 +96,7 @@ def test_lower_precision_cuts_comms_only():
 def test_cache_miss_cost_moves_each_missed_row_in_and_a_victim_out():
     # 1e6 misses of 64 fp32 + 1 state value: 2 * 260 bytes each at 52 GB/s -> 10 ms, plus 2 * 1 us each
     assert cm.cache_miss_ms(1e6, 64, "rowwise_adagrad", 52.0, 1.0) == pytest.approx(10.0 + 2000.0)
-    assert cm.cache_rows(1000, 0.25) == 250 and cm.cache_rows(3, 0.01) == 1 and cm.cache_rows(0, 0.5) == 0
+    assert cache_rows(1000, 0.25) == 250 and cache_rows(3, 0.01) == 1 and cache_rows(0, 0.5) == 0
 
 
 def test_a_cached_shard_trades_device_memory_for_miss_time():
