@@ -16,7 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r $(VENV)/requirements.txt
 	$(PY) -m pip install -q --no-deps torchrec==1.8.0
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
-	$(PY) -m dlrm_scale.cpu_extension
+	$(PY) -m dlrm_scale.kernels.cpu_extension
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -44,7 +44,7 @@ def memory_ok(plan, cluster) -> bool:
 
 
 def _torchrec_child(kind, tables, ranks, queue):
-    from dlrm_scale.torchrec_cost import torchrec_planner_plan
+    from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
 
     problem = workload(kind, tables, ranks)
     try:
@@ -88,7 +88,7 @@ def bench_one(name, kind, tables, ranks, with_torchrec, time_limit_s, torchrec_t
     if not with_torchrec:
         return row
 
-    from dlrm_scale.torchrec_cost import TorchRecCostModel
+    from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
 
     tr_model = TorchRecCostModel(problem)
     start = time.perf_counter()

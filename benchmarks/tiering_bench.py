@@ -3,14 +3,14 @@
 1. curves: for Zipf exponents 0.8, 1.05 and 1.2, the hit-rate curves `dlrm-scale profile`
    computes (planner.access_stats: batch-granular LRU stack distances, LFU by request counts)
    against a replay of the same trace through the cache the trainer uses
-   (dlrm_scale.row_cache, 32-way set-associative), at several cache sizes; also the Zipf
+   (dlrm_scale.tiering.cache, 32-way set-associative), at several cache sizes; also the Zipf
    formulas the planner falls back on without a profile, against a steady-state replay.
 2. speed: configs/bench_tiered.yaml (4.2 GB of rows and optimizer state, fast memory a
    quarter of it) planned by our planner, which puts the rows on SSD behind 25% caches;
    trained on 2 gloo ranks, alternating with the same plan all in memory. Samples/s are
    medians over the runs of each run's steady windows; resident memory is the largest rank's.
 3. exactness: 2 ranks, a cached SSD table and a cached DDR table, rows and optimizer state
-   after N steps against the same tables trained in memory (dlrm_scale.state).
+   after N steps against the same tables trained in memory (dlrm_scale.training.state).
 
     python benchmarks/tiering_bench.py [--repeats 3] [--steps 200] [--parts curves,speed,exact]
 
@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.row_cache import SetAssociativeCache  # noqa: E402
+from dlrm_scale.tiering.cache import SetAssociativeCache  # noqa: E402
 from planner.access_stats import trace_access, zipf_access  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 

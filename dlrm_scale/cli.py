@@ -80,8 +80,8 @@ def add_profile_parser(sub) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from dlrm_scale.model import ModelConfig
-    from dlrm_scale.profile import profile_access
+    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.tools.profile import profile_access
     from planner.access_stats import save_stats
     from planner.config import read_yaml, section_dataclass
 
@@ -117,8 +117,8 @@ def add_simulate_parser(sub) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from dlrm_scale.model import ModelConfig
-    from dlrm_scale.simulate import simulate
+    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.tools.simulate import simulate
     from planner.config import read_yaml, section_dataclass
 
     check_output_file("--json", args.json)
@@ -164,7 +164,7 @@ def cost_model_for(name: str, problem):
     from planner.cost_model import AnalyticCostModel
 
     if name == "torchrec":
-        from dlrm_scale.torchrec_cost import TorchRecCostModel
+        from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
 
         return TorchRecCostModel(problem)
     return AnalyticCostModel(problem.cluster, problem.training)
@@ -213,8 +213,8 @@ def add_export_parser(sub) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from dlrm_scale.export import export_checkpoint
-    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.tools.export import export_checkpoint
+    from dlrm_scale.training.model import ModelConfig
     from planner.config import read_yaml, section_dataclass
 
     check_output_file("--out", args.out)
@@ -238,7 +238,7 @@ def add_calibrate_parser(sub) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from dlrm_scale.calibrate import CalibrationConfig, calibrate, calibrate_kernels
+    from dlrm_scale.tools.calibrate import CalibrationConfig, calibrate, calibrate_kernels
 
     check_output_file("--out", args.out)
     if args.nproc < 1:
@@ -288,7 +288,7 @@ def run_plan(args: argparse.Namespace) -> int:
     solver = SolverConfig(time_limit_s=args.time_limit)
     cost_model = None
     if args.cost_model == "torchrec":
-        from dlrm_scale.torchrec_cost import TorchRecCostModel
+        from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
 
         cost_model = TorchRecCostModel(problem)
     start = time.perf_counter()
@@ -310,7 +310,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
     """Both plans' busiest rank under both cost models, and both planning times."""
-    from dlrm_scale.torchrec_cost import TorchRecCostModel, torchrec_planner_plan
+    from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, torchrec_planner_plan
     from planner.cost_model import AnalyticCostModel
     from planner.scoring import rank_times_ms
 
@@ -358,7 +358,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     cluster = {"world_size": args.nproc_per_node * nodes, "ranks_per_node": args.nproc_per_node} if nodes else {}
     problem = load_problem(trainer_args.config, cluster_overrides=cluster, training_overrides=settings.training_overrides)
     if trainer_args.plan and nodes:
-        from dlrm_scale.tiering import check_store_directory
+        from dlrm_scale.tiering.runtime import check_store_directory
         from dlrm_scale.train import check_plan_matches
 
         plan = Plan.load(trainer_args.plan)
@@ -366,7 +366,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
         if nodes == 1:  # on one node this machine holds every rank's SSD rows
             store = Path(trainer_args.store_dir) if trainer_args.store_dir else None
             check_store_directory(plan, list(range(args.nproc_per_node)), store, problem.training.embedding_optimizer)
-    from dlrm_scale.checkpoint import JobLock
+    from dlrm_scale.training.checkpoint import JobLock
 
     for directory, what in ((settings.checkpoint.directory, "checkpoint directory"),
                             (Path(trainer_args.store_dir) if trainer_args.store_dir else None, "store directory")):

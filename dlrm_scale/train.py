@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dlrm_scale.checkpoint import CheckpointConfig
-from dlrm_scale.interaction import INTERACTIONS
-from dlrm_scale.model import ModelConfig
-from dlrm_scale.tiering import check_store_directory, resident_plan
+from dlrm_scale.training.checkpoint import CheckpointConfig
+from dlrm_scale.kernels.interaction import INTERACTIONS
+from dlrm_scale.training.model import ModelConfig
+from dlrm_scale.tiering.runtime import check_store_directory, resident_plan
 from planner.config import DEFAULT_HARDWARE, hardware_path, load_problem, read_yaml, section_dataclass
 from planner.errors import ConfigError, PlanFormatError, PlannerError
 from planner.plan import Plan
@@ -37,8 +37,8 @@ from planner.specs import PRECISION_ELEMENT_BYTES, PlanningProblem
 
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 DENSE_OPTIMIZERS = ("adagrad", "sgd")
-# dlrm_scale: our row-wise Adagrad kernel (dlrm_scale.cpu_adagrad), tables on huge pages
-# (dlrm_scale.huge_pages); fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
+# dlrm_scale: our row-wise Adagrad kernel (dlrm_scale.kernels.cpu_adagrad), tables on huge pages
+# (dlrm_scale.kernels.huge_pages); fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
 CPU_EMBEDDINGS = ("dlrm_scale", "fbgemm")
 # FBGEMM's fp8 codec fails on gloo and CPU tensors with a shape error (seen with fbgemm 1.8);
 # its CUDA codec is the one FBGEMM ships for NCCL.
@@ -329,7 +329,7 @@ def check_settings(args: argparse.Namespace) -> RunSettings:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        from dlrm_scale.trainer import Trainer
+        from dlrm_scale.training.trainer import Trainer
 
         args = parse_args(argv)
         settings = check_settings(args)
@@ -371,7 +371,7 @@ def obtain_plan(path: str | None, planner: str, problem: PlanningProblem, rank: 
         box = [None]
         if rank == 0:
             if planner == "torchrec":
-                from dlrm_scale.torchrec_cost import torchrec_planner_plan
+                from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
 
                 box[0] = torchrec_planner_plan(problem)[0].to_dict()
             else:

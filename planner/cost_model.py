@@ -7,7 +7,7 @@ Notation: W ranks in all, L per node, b samples per rank, B = b * W samples per 
 p ids per sample (pooling factor), r and c the rows and columns a shard holds.
 
 `CostModel` is the interface the solver consumes; `AnalyticCostModel` implements it from
-a hardware profile. dlrm_scale.torchrec_cost implements it from TorchRec's estimators.
+a hardware profile. dlrm_scale.bridge.torchrec_cost implements it from TorchRec's estimators.
 """
 
 from __future__ import annotations

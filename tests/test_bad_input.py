@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_scale.checkpoint import CheckpointConfig, candidates, read_meta
+from dlrm_scale.training.checkpoint import CheckpointConfig, candidates, read_meta
 from dlrm_scale.cli import node_count
-from dlrm_scale.criteo import CriteoTSV
-from dlrm_scale.model import ModelConfig
+from dlrm_scale.training.criteo import CriteoTSV
+from dlrm_scale.training.model import ModelConfig
 from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
 from planner.config import load_problem, load_tables_csv, section_dataclass
 from planner.errors import PlannerError
@@ -21,9 +21,9 @@ from planner.planning import make_plan
 from planner.specs import TableSpec, TieringSpec
 from planner.types import ShardingType
 from planner.access_stats import load_stats
-from dlrm_scale.row_cache import SetAssociativeCache
-from dlrm_scale.row_store import MemoryRowStore
-from dlrm_scale.tiering import TieredShard, check_store_directory, resident_plan
+from dlrm_scale.tiering.cache import SetAssociativeCache
+from dlrm_scale.tiering.store import MemoryRowStore
+from dlrm_scale.tiering.runtime import TieredShard, check_store_directory, resident_plan
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
 
 BASE = "hardware: a100_zionex\ntraining: {batch_size_per_rank: 8}\n"
@@ -91,7 +91,7 @@ def table_doc(tmp: Path, st: str, shards: list[tuple[int, int, int, int, int]], 
 
 
 def export(checkpoint: Path, tmp: Path):
-    from dlrm_scale.export import export_checkpoint
+    from dlrm_scale.tools.export import export_checkpoint
 
     return export_checkpoint(checkpoint, [TableSpec("a", 10, 8)], ModelConfig(dense_arch=(8,)), "sgd", tmp / "m.pt")
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from dlrm_scale.calibrate import fit_comms, fit_embedding, nonnegative_lstsq
+from dlrm_scale.tools.calibrate import fit_comms, fit_embedding, nonnegative_lstsq
 from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
 
 
@@ -39,7 +39,7 @@ def test_comms_fit_recovers_latency_and_bandwidth():
 
 
 def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
-    from dlrm_scale.calibrate import fit_store
+    from dlrm_scale.tools.calibrate import fit_store
     from planner.cost_model import cache_miss_ms
 
     # 4000 ids at 250 ns each, 1000 of them missing
@@ -51,7 +51,7 @@ def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
 
 
 def test_store_miss_samples_time_real_misses(tmp_path):
-    from dlrm_scale.calibrate import store_miss_samples
+    from dlrm_scale.tools.calibrate import store_miss_samples
 
     samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
     assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0  # uniform ids: nearly all miss

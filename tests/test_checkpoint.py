@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_scale.checkpoint import CheckpointError, complete_checkpoints, read_meta
-from dlrm_scale.launch import run_on_ranks
+from dlrm_scale.training.checkpoint import CheckpointError, complete_checkpoints, read_meta
+from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan import Plan, table_layout
 from planner.types import ShardingType
 from tests.test_training_distributed import every_scheme_plan, model_config, problem
@@ -30,9 +30,9 @@ def uniform_plan(scheme: str, world: int) -> Plan:
 
 
 def make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, plan, every=0):
-    from dlrm_scale.checkpoint import CheckpointConfig
+    from dlrm_scale.training.checkpoint import CheckpointConfig
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
 
     p = problem("rowwise_adagrad")
     cfg = TrainConfig(steps=steps, batch_size=64, log_every=1, eval_batches=1, deterministic=True)
@@ -42,7 +42,7 @@ def make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, plan, every=0):
 
 
 def _train(rank, world, out_dir, ckpt_dir, steps, resume, every):
-    from dlrm_scale.state import full_tables
+    from dlrm_scale.training.state import full_tables
 
     trainer = make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, every_scheme_plan(problem()), every)
     trainer.run()
@@ -64,7 +64,7 @@ def test_resume_is_bitwise_for_every_scheme(tmp_path):
 
 
 def _save_under(rank, world, ckpt_dir, scheme):
-    from dlrm_scale.state import full_tables
+    from dlrm_scale.training.state import full_tables
 
     plan = every_scheme_plan(problem()) if scheme == "every" else uniform_plan(scheme, world)
     trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out"), ckpt_dir, 2, False, plan)
@@ -73,7 +73,7 @@ def _save_under(rank, world, ckpt_dir, scheme):
 
 
 def _load_under(rank, world, ckpt_dir, scheme):
-    from dlrm_scale.state import full_tables
+    from dlrm_scale.training.state import full_tables
 
     trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, uniform_plan(scheme, world))
     step = trainer.restore()
@@ -256,7 +256,7 @@ def test_a_crafted_metadata_file_is_refused_not_run(tmp_path):
 
 
 def _hold_lock(rank, world, ck):
-    from dlrm_scale.checkpoint import JobLock
+    from dlrm_scale.training.checkpoint import JobLock
 
     lock = JobLock(Path(ck))
     try:

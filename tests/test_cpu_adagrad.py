@@ -6,7 +6,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, OptimType, SplitTableBatchedEmbeddingBagsCodegen
 
-from dlrm_scale.cpu_adagrad import InstalledKernel
+from dlrm_scale.kernels.cpu_adagrad import InstalledKernel
 
 # a table past 2^22 rows takes three radix passes
 ROWS = [5_000_000, 300, 7]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm_scale.criteo import CriteoDataError, CriteoNpy, CriteoTSV, criteo_data, parse_line
+from dlrm_scale.training.criteo import CriteoDataError, CriteoNpy, CriteoTSV, criteo_data, parse_line
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
@@ -29,7 +29,7 @@ def test_malformed_lines_are_rejected(bad):
 def test_reader_skips_bad_lines_with_file_and_line(tmp_path, caplog):
     path = write_criteo_tsv(tmp_path / "day.tsv", 200, {5: BAD_LINES[0], 77: BAD_LINES[3]})
     reader = CriteoTSV(path, TABLES, 13, 10, rank=0, world=1, holdout_every=10**9)
-    with caplog.at_level(logging.WARNING, logger="dlrm_scale.criteo"):
+    with caplog.at_level(logging.WARNING, logger="dlrm_scale.training.criteo"):
         rows = list(reader.rows())
     assert len(rows) == 198 and reader.stats.bad == 2
     assert f"{path}:5" in caplog.text and f"{path}:77" in caplog.text

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm_scale.data import CHUNK_SAMPLES, SyntheticData
+from dlrm_scale.training.data import CHUNK_SAMPLES, SyntheticData
 from planner.specs import TableSpec
 
 TABLES = [TableSpec("a", 10_000, 8, pooling_factor=5.0, zipf_exponent=1.2), TableSpec("b", 50, 8, pooling_factor=1.0)]
@@ -67,7 +67,7 @@ def test_labels_depend_on_the_features():
 def test_zipf_ranks_follow_the_bounded_law_exactly():
     """Rejection-inversion draws P(rank k) ~ k^-s on 1..N; a frequency off by more than a few
     standard errors (an approximate inversion, an off-by-one rank) fails."""
-    from dlrm_scale.data import ZipfIds
+    from dlrm_scale.training.data import ZipfIds
 
     n = 400_000
     for rows, s in [(50, 1.05), (7, 1.0), (1000, 0.6), (300, 2.5)]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_scale.launch import run_on_ranks
+from dlrm_scale.tools.launch import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 GLOBAL_BATCH = 128
@@ -17,10 +17,10 @@ GLOBAL_BATCH = 128
 def _train_and_predict(rank, world, out_dir, which):
     import torch.distributed as dist
 
-    from dlrm_scale.checkpoint import CheckpointConfig
-    from dlrm_scale.data import SyntheticData
+    from dlrm_scale.training.checkpoint import CheckpointConfig
+    from dlrm_scale.training.data import SyntheticData
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
     from tests import test_tiering_distributed as tiering
     from tests import test_training_distributed as schemes
 
@@ -46,8 +46,8 @@ def _train_and_predict(rank, world, out_dir, which):
 
 @pytest.mark.parametrize("which", ["every_scheme", "cached"])
 def test_the_exported_model_predicts_what_the_sharded_one_did(tmp_path, which):
-    from dlrm_scale.data import SyntheticData
-    from dlrm_scale.export import export_checkpoint, load_exported
+    from dlrm_scale.training.data import SyntheticData
+    from dlrm_scale.tools.export import export_checkpoint, load_exported
 
     result = run_on_ranks(_train_and_predict, 2, str(tmp_path), which)
     step = tmp_path / "ckpt" / "step_000000003"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_scale.huge_pages import HUGE_PAGE_BYTES, back_with_huge_pages, collapse
+from dlrm_scale.kernels.huge_pages import HUGE_PAGE_BYTES, back_with_huge_pages, collapse
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

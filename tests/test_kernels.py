@@ -7,9 +7,9 @@ import pytest
 import torch
 from torchrec.models.dlrm import InteractionArch
 
-from dlrm_scale import interaction
-from dlrm_scale.interaction import DotInteraction
-from dlrm_scale.prefetch import Prefetcher
+from dlrm_scale.kernels import interaction
+from dlrm_scale.kernels.interaction import DotInteraction
+from dlrm_scale.training.prefetch import Prefetcher
 from dlrm_scale.train import load_train_config, parse_args
 from planner.errors import ConfigError
 
@@ -90,8 +90,8 @@ def test_prefetcher_works_ahead_and_close_stops_a_blocked_worker():
 
 def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
     from planner.specs import TableSpec
-    from dlrm_scale.data import SyntheticData
-    from dlrm_scale.prefetch import batch_bytes, materialise
+    from dlrm_scale.training.data import SyntheticData
+    from dlrm_scale.training.prefetch import batch_bytes, materialise
 
     data = SyntheticData([TableSpec("t", 1000, 8, 3.0)], 4, 64, seed=0, rank=0)
     size = batch_bytes(data.batch(0))
@@ -102,7 +102,7 @@ def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
 
 
 def test_phase_laps_add_up_and_skipped_time_counts_nowhere():
-    from dlrm_scale.phases import PHASES, PhaseTimer
+    from dlrm_scale.training.phases import PHASES, PhaseTimer
 
     timer = PhaseTimer()
     timer.skip()

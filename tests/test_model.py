@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from dlrm_scale.data import SyntheticData
-from dlrm_scale.model import ModelConfig, build_model
+from dlrm_scale.training.data import SyntheticData
+from dlrm_scale.training.model import ModelConfig, build_model
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 

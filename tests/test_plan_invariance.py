@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_scale.launch import run_on_ranks
+from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan import Plan, table_layout
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 from planner.types import ShardingType
@@ -48,10 +48,10 @@ def plan_of(name: str) -> Plan:
 
 
 def _train(rank, world, out_dir, plan_name):
-    from dlrm_scale.model import ModelConfig
-    from dlrm_scale.state import full_tables
+    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.training.state import full_tables
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
 
     out = Path(out_dir)
     store = out / f"store{rank}"
@@ -80,7 +80,7 @@ def runs(tmp_path_factory):
 
 
 def test_initial_tables_are_a_function_of_seed_table_and_row_only(runs):
-    from dlrm_scale.initial_weights import initial_rows
+    from dlrm_scale.training.initial_weights import initial_rows
 
     for name, result in runs.items():
         for t in TABLES:

@@ -3,7 +3,7 @@
 import torch
 from fbgemm_gpu.split_embedding_configs import SparseType
 
-from dlrm_scale.qcomms import WideRowInt8Codec, int8_row_dim, qcomm_codecs_registry
+from dlrm_scale.bridge.qcomms import WideRowInt8Codec, int8_row_dim, qcomm_codecs_registry
 
 
 def test_int8_rows_are_as_wide_as_every_shard_allows():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
+from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
 
 
 def batches(rows, ids, n, seed=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrm_scale.row_store import FileRowStore, MemoryRowStore
+from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
 from planner.errors import ConfigError
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from dlrm_scale.model import ModelConfig, dense_cost
-from dlrm_scale.simulate import simulate
+from dlrm_scale.training.model import ModelConfig, dense_cost
+from dlrm_scale.tools.simulate import simulate
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, framework_overhead_ms
 from planner.planning import make_plan
 from planner.scoring import rank_times_ms

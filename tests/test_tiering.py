@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from dlrm_scale.row_cache import SetAssociativeCache
-from dlrm_scale.row_store import MemoryRowStore
-from dlrm_scale.tiering import TieredShard, check_store_directory, resident_plan, resident_tables
+from dlrm_scale.tiering.cache import SetAssociativeCache
+from dlrm_scale.tiering.store import MemoryRowStore
+from dlrm_scale.tiering.runtime import TieredShard, check_store_directory, resident_plan, resident_tables
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec
 from planner.types import ShardingType

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm_scale.launch import run_on_ranks
+from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan import Plan, table_layout
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 from planner.types import ShardingType
@@ -44,10 +44,10 @@ def initial_table(t: TableSpec) -> torch.Tensor:
 
 
 def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_every, resume):
-    from dlrm_scale.checkpoint import CheckpointConfig
-    from dlrm_scale.state import local_shard_state
+    from dlrm_scale.training.checkpoint import CheckpointConfig
+    from dlrm_scale.training.state import local_shard_state
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
 
     p = problem(optimizer)
     out = Path(out_dir)
@@ -71,7 +71,7 @@ def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_
 
 
 def _model_config():
-    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.training.model import ModelConfig
 
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 

@@ -2,8 +2,8 @@ import pytest
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from dlrm_scale.sharding import from_sharding_plan, to_sharding_plan
-from dlrm_scale.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
+from dlrm_scale.bridge.sharding import from_sharding_plan, to_sharding_plan
+from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
 from planner.config import load_problem
 from planner.plan import Plan, check_geometry, table_layout
 from planner.planning import make_plan

@@ -129,6 +129,6 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path
     assert m, r.stderr[-2000:]
     bad, kept = int(m.group(1)), int(m.group(3))
     assert kept == bad - 1
-    from dlrm_scale.checkpoint import complete_checkpoints
+    from dlrm_scale.training.checkpoint import complete_checkpoints
 
     assert complete_checkpoints(ck)[-1][0] == kept

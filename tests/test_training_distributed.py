@@ -11,7 +11,7 @@ import torch
 from planner.plan import Plan, table_layout
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
 from planner.types import ShardingType
-from dlrm_scale.launch import run_on_ranks
+from dlrm_scale.tools.launch import run_on_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -40,15 +40,15 @@ def every_scheme_plan(p: PlanningProblem) -> Plan:
 
 
 def model_config():
-    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.training.model import ModelConfig
 
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 
 
 def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="sgd"):
-    from dlrm_scale.state import full_tables, local_shard_blocks
+    from dlrm_scale.training.state import full_tables, local_shard_blocks
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
 
     p = problem(optimizer, fwd, bwd)
     plan = every_scheme_plan(p)
@@ -80,8 +80,8 @@ def rowwise_adagrad_step(weight, state, blocks, eps=1e-8):
 def reference_run(initial, initial_tables, steps, optimizer="sgd"):
     """The same model unsharded in one process, trained on both ranks' batches, with the
     optimizers written out in PyTorch (no FBGEMM kernel, ours or theirs, involved)."""
-    from dlrm_scale.data import SyntheticData
-    from dlrm_scale.model import build_model
+    from dlrm_scale.training.data import SyntheticData
+    from dlrm_scale.training.model import build_model
 
     p = problem()
     model = build_model(p.tables, model_config(), torch.device("cpu"), embedding_device="cpu")
@@ -141,7 +141,7 @@ def test_every_scheme_matches_unsharded_training(tmp_path, pipeline):
 def rowwise_adagrad_runs(tmp_path_factory):
     """Row-wise Adagrad on every scheme, the data-parallel table included: the fused ones run
     dlrm_scale's CPU kernel (the trainer's default), the replicated one
-    dlrm_scale.table_optimizer, against the update written out in PyTorch. Two steps, so the
+    dlrm_scale.training.table_optimizer, against the update written out in PyTorch. Two steps, so the
     second starts from state the first wrote; the kernel's state over many steps is checked
     against FBGEMM's in tests/test_cpu_adagrad.py."""
     out = tmp_path_factory.mktemp("rowwise_adagrad")

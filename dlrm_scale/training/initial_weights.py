@@ -55,7 +55,7 @@ def initialise_embeddings(model: torch.nn.Module, tables: dict[str, tuple[int, i
     """Set every embedding shard on this rank (fused kernels, data-parallel replicas and the
     stores of cached shards, a dlrm_scale.tiering.TieredEmbeddings) to its initial weights.
     `tables`: name -> (rows, dim) of the whole table."""
-    from dlrm_scale.tiering import embedding_kernels
+    from dlrm_scale.tiering.runtime import embedding_kernels
 
     def rows_of(name: str) -> Callable[[int, int], torch.Tensor]:
         num_rows, dim = tables[name]

@@ -26,14 +26,14 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm_scale.data import feature_name
+from dlrm_scale.training.data import feature_name
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
 MIN_LINES_BEFORE_THRESHOLD = 1000
-log = logging.getLogger("dlrm_scale.criteo")
+log = logging.getLogger("dlrm_scale.training.criteo")
 
 
 class CriteoDataError(ConfigError):

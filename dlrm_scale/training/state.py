@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from dlrm_scale.model import table_of_key
+from dlrm_scale.training.model import table_of_key
 
 
 def full_tables(model: torch.nn.Module, dst: int = 0, tiered=None) -> dict[str, torch.Tensor]:
@@ -65,7 +65,7 @@ def local_shard_state(
     column); cached shards (a dlrm_scale.tiering.TieredEmbeddings) are read from their stores.
     With `initial` (table name -> whole table), each shard's weights are first set from it:
     runs to be compared then start from the same tables. State is one row per table row."""
-    from dlrm_scale.tiering import embedding_kernels
+    from dlrm_scale.tiering.runtime import embedding_kernels
 
     out = {}
     for (name, col), shard in (tiered.shards.items() if tiered is not None else []):

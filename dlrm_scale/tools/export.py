@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dlrm_scale import checkpoint as ckpt
-from dlrm_scale.model import TABLE_KEY_PREFIX, ModelConfig, build_model
+from dlrm_scale.training import checkpoint as ckpt
+from dlrm_scale.training.model import TABLE_KEY_PREFIX, ModelConfig, build_model
 from planner.cost_model import OPTIMIZER_STATE
 from planner.errors import ConfigError
 from planner.specs import TableSpec

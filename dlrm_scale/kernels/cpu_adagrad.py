@@ -6,7 +6,7 @@ once and overlaps those misses, ~4x faster on the embedding-bound benchmark's ta
 installed as the CPU kernel of `fbgemm::split_embedding_backward_codegen_rowwise_adagrad_cpu`,
 so TorchRec's sharded modules and the tiered caches use it unchanged; CUDA is untouched.
 
-Compiled with the other CPU kernels (dlrm_scale.cpu_extension). Without a compiler, training
+Compiled with the other CPU kernels (dlrm_scale.kernels.cpu_extension). Without a compiler, training
 goes on with FBGEMM's kernel after one warning line.
 """
 
@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from dlrm_scale.cpu_extension import built, load
+from dlrm_scale.kernels.cpu_extension import built, load
 
 OP = "split_embedding_backward_codegen_rowwise_adagrad_cpu"
 

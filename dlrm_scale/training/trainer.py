@@ -15,21 +15,21 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from dlrm_scale import checkpoint as ckpt
-from dlrm_scale.comm_meter import CommMeter
-from dlrm_scale.cpu_adagrad import install as install_cpu_adagrad
-from dlrm_scale.criteo import criteo_data
-from dlrm_scale.data import SyntheticData
-from dlrm_scale.huge_pages import back_with_huge_pages
-from dlrm_scale.initial_weights import initialise_embeddings
-from dlrm_scale.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model, table_of_key
-from dlrm_scale.qcomms import qcomm_codecs_registry
-from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
-from dlrm_scale.sharding import to_sharding_plan
-from dlrm_scale.table_optimizer import ReplicatedTables, fused_optimizer
-from dlrm_scale.phases import PHASES, PhaseTimer, TimedPipeline, instrument
-from dlrm_scale.prefetch import Prefetcher, materialise
-from dlrm_scale.tiering import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
+from dlrm_scale.training import checkpoint as ckpt
+from dlrm_scale.training.comm_meter import CommMeter
+from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
+from dlrm_scale.training.criteo import criteo_data
+from dlrm_scale.training.data import SyntheticData
+from dlrm_scale.kernels.huge_pages import back_with_huge_pages
+from dlrm_scale.training.initial_weights import initialise_embeddings
+from dlrm_scale.training.model import EMBEDDING_MODULE_PATH, ModelConfig, build_model, table_of_key
+from dlrm_scale.bridge.qcomms import qcomm_codecs_registry
+from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder
+from dlrm_scale.bridge.sharding import to_sharding_plan
+from dlrm_scale.training.table_optimizer import ReplicatedTables, fused_optimizer
+from dlrm_scale.training.phases import PHASES, PhaseTimer, TimedPipeline, instrument
+from dlrm_scale.training.prefetch import Prefetcher, materialise
+from dlrm_scale.tiering.runtime import PrefetchingPipeline, TieredEmbeddings, TieringRuntime, resident_plan, resident_tables
 from planner.comm_volume import embedding_comm_bytes
 from planner.errors import PlannerError
 from planner.plan import Plan
@@ -56,7 +56,7 @@ EVAL_SEED_OFFSET = 1_000_003
 
 
 def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
-    """The sharder: quantized comms when asked (dlrm_scale.qcomms); on CUDA, FBGEMM's SSD
+    """The sharder: quantized comms when asked (dlrm_scale.bridge.qcomms); on CUDA, FBGEMM's SSD
     kernel (`key_value`) keeps its files in `store_dir`."""
     registry = qcomm_codecs_registry(fwd, bwd, shard_widths)
     fused = {"ssd_storage_directory": store_dir} if store_dir else None
@@ -66,7 +66,7 @@ def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,
                         store_dir: str | None = None, interaction: str = "torchrec"):
     """DMP over `plan`. On CPU, cached tables are sharded as their resident caches (see
-    dlrm_scale.tiering); on CUDA they keep FBGEMM's caching kernels."""
+    dlrm_scale.tiering.runtime); on CUDA they keep FBGEMM's caching kernels."""
     tables = problem.tables
     if device.type == "cpu":
         tables, plan = resident_tables(tables, plan), resident_plan(plan)
@@ -319,7 +319,7 @@ class Trainer:
 
     def _log_window(self, step: int, losses: torch.Tensor) -> None:
         """One metrics record for the window ending at `step`: mean loss over ranks, samples/s,
-        comm bytes, memory, and every rank's ms per step in each phase (dlrm_scale.phases).
+        comm bytes, memory, and every rank's ms per step in each phase (dlrm_scale.training.phases).
         The window's time is its training steps' (the slowest rank's sum of phases)."""
         cfg, n = self.config, len(losses)
         phases = self.timer.take()

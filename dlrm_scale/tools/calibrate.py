@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tqdm import tqdm
 
-from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
-from dlrm_scale.kernel_choice import choose_cpu_kernels, time_ms
+from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
+from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from planner.config import GIB
 from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import ConfigError
@@ -75,8 +75,8 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    from dlrm_scale.cpu_adagrad import install as install_cpu_adagrad
-    from dlrm_scale.huge_pages import back_with_huge_pages
+    from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
+    from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 
     optimizer = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}[cfg.optimizer]
     torch.set_num_threads(1)
@@ -229,7 +229,7 @@ OVERHEAD_STEPS = 60
 
 
 def _overhead_model():
-    from dlrm_scale.model import ModelConfig
+    from dlrm_scale.training.model import ModelConfig
 
     return ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))
 
@@ -247,7 +247,7 @@ def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_
     import json
 
     from dlrm_scale.train import TrainConfig
-    from dlrm_scale.trainer import Trainer
+    from dlrm_scale.training.trainer import Trainer
     from planner.planning import make_plan
 
     problem = _overhead_problem(model, cluster_fields, world)
@@ -266,8 +266,8 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
     `nproc` ranks, minus what the fitted kernels and collectives predict for them."""
     import tempfile
 
-    from dlrm_scale.launch import run_on_ranks
-    from dlrm_scale.simulate import simulate
+    from dlrm_scale.tools.launch import run_on_ranks
+    from dlrm_scale.tools.simulate import simulate
     from planner.planning import make_plan
 
     rows, residuals = [], []
@@ -289,16 +289,16 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
 
 
 def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20) -> list[dict]:
-    """Times of a table kept on SSD (dlrm_scale.tiering: row cache in front of the
+    """Times of a table kept on SSD (dlrm_scale.tiering.runtime: row cache in front of the
     log-structured file store in `directory`), one sample per embedding dim: batches of
     uniform ids, nearly all missing once the cache is full, and the last batch again, all hits
     (the cost every id pays)."""
     import tempfile
 
-    from dlrm_scale.initial_weights import initial_rows
-    from dlrm_scale.row_cache import SetAssociativeCache
-    from dlrm_scale.row_store import FileRowStore
-    from dlrm_scale.tiering import TieredShard
+    from dlrm_scale.training.initial_weights import initial_rows
+    from dlrm_scale.tiering.cache import SetAssociativeCache
+    from dlrm_scale.tiering.store import FileRowStore
+    from dlrm_scale.tiering.runtime import TieredShard
 
     samples = []
     for dim in dims:

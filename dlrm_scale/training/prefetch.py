@@ -6,7 +6,7 @@ The producer (synthetic sampling, Criteo parsing, KJT building) runs mostly in n
 kernels that release the GIL, so it overlaps the training step's own kernels and its waits in
 collectives; the step only takes a finished batch from a bounded queue. Order is kept (one
 producer), so batches stay a function of (seed, rank, step). The wait for a batch is the
-step's `data` phase (dlrm_scale.phases).
+step's `data` phase (dlrm_scale.training.phases).
 """
 
 from __future__ import annotations

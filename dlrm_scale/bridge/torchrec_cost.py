@@ -24,8 +24,8 @@ from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrm_scale.sharders import WideEmbeddingBagCollectionSharder
-from dlrm_scale.sharding import from_sharding_plan
+from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder
+from dlrm_scale.bridge.sharding import from_sharding_plan
 from planner.cost_model import OptionRequest
 from planner.plan import Plan
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec

@@ -6,9 +6,8 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, Shard
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from planner.schemes import cache_rows
 from planner.plan import Plan, PlannedShard, TablePlan
-from planner.schemes import CACHED_KERNELS
+from planner.schemes import CACHED_KERNELS, cache_rows
 
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 

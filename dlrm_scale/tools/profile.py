@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlrm_scale.criteo import criteo_data
-from dlrm_scale.data import SyntheticData, feature_name
+from dlrm_scale.training.criteo import criteo_data
+from dlrm_scale.training.data import SyntheticData, feature_name
 from planner.access_stats import TableAccess, trace_access
 from planner.errors import ConfigError
 from planner.specs import PlanningProblem

@@ -4,7 +4,7 @@ FBGEMM's caching kernels (`fused_uvm_caching`, `key_value`) are CUDA-only, so on
 table is trained like this:
 - TorchRec shards a *resident* table of the plan's cache rows (`resident_plan`), computed
   with the ordinary fused TBE kernel and its fused optimizer;
-- the logical rows and their optimizer state live in a row store (`dlrm_scale.row_store`: a
+- the logical rows and their optimizer state live in a row store (`dlrm_scale.tiering.store`: a
   host tensor, or memory-mapped files), one per shard this rank holds;
 - a forward pre-hook on the TBE maps each batch's ids to cache slots (`TieredShard.install`),
   first writing evicted dirty rows back and loading missed ones, so the TBE and its fused
@@ -29,9 +29,9 @@ import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 from torchrec.distributed.types import NoWait
 
-from dlrm_scale.phases import PhaseTimer, TimedPipeline
-from dlrm_scale.row_cache import CacheTooSmallError, SetAssociativeCache
-from dlrm_scale.row_store import FileRowStore, MemoryRowStore
+from dlrm_scale.training.phases import PhaseTimer, TimedPipeline
+from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
+from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
 from planner.candidates import CACHEABLE
 from planner.cost_model import optimizer_state_bytes
 from planner.errors import ConfigError
@@ -304,7 +304,7 @@ class TieredEmbeddings:
     """Attaches a store and a cache to every cached shard of a sharded model on this rank."""
 
     def __init__(self, model: torch.nn.Module, plan: Plan, rank: int, runtime: TieringRuntime) -> None:
-        """The stores start at zero: dlrm_scale.initial_weights or a checkpoint fills them."""
+        """The stores start at zero: dlrm_scale.training.initial_weights or a checkpoint fills them."""
         self.plan, self.rank, self.runtime = plan, rank, runtime
         self.shards: dict[tuple[str, int], TieredShard] = {}  # (table, col_offset) -> shard
         self._groups: dict[int, _TBEGroup] = {}

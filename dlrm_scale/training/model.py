@@ -10,8 +10,8 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrm_scale.data import feature_name
-from dlrm_scale.interaction import DotInteraction
+from dlrm_scale.training.data import feature_name
+from dlrm_scale.kernels.interaction import DotInteraction
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 
@@ -65,7 +65,7 @@ def build_model(
 
     Tables go on the meta device by default: DistributedModelParallel materialises only the
     shards each rank holds. An unsharded reference model passes embedding_device="cpu".
-    `interaction` picks the dot interaction's implementation (dlrm_scale.interaction): the
+    `interaction` picks the dot interaction's implementation (dlrm_scale.kernels.interaction): the
     same function, so the same model, either way.
     """
     dims = {t.embedding_dim for t in tables}

@@ -5,7 +5,7 @@ so `dlrm-scale calibrate` times each pair here, alternated and repeated, on the 
 dominate an embedding-bound step, and records the winners in the hardware profile's
 `cpu_kernels`; the trainer runs them unless a flag says otherwise.
 - embeddings: FBGEMM's row-wise Adagrad backward on plain pages (TorchRec's way) against ours
-  with the table on huge pages (dlrm_scale.cpu_adagrad, dlrm_scale.huge_pages); forward and
+  with the table on huge pages (dlrm_scale.kernels.cpu_adagrad, dlrm_scale.kernels.huge_pages); forward and
   backward of a 2M x 64 table at 32 Zipf ids per sample, batch 2,048.
 - interaction: TorchRec's InteractionArch against dlrm_scale.interaction.DotInteraction,
   forward and backward for 26 tables of dim 64, batch 1,024.
@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from dlrm_scale.data import DEFAULT_ZIPF, ZipfIds
+from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 
 
 def time_ms(fn, repeats: int) -> float:
@@ -41,7 +41,7 @@ def _embedding_step(ours: bool, rows: int, dim: int, pooling: int, batch: int):
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    from dlrm_scale.huge_pages import back_with_huge_pages
+    from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 
     tbe = SplitTableBatchedEmbeddingBagsCodegen([(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
                                                 optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
@@ -62,7 +62,7 @@ def _embedding_step(ours: bool, rows: int, dim: int, pooling: int, batch: int):
 
 
 def time_embeddings(repeats: int = 3, rows: int = 2_000_000, dim: int = 64, pooling: int = 32, batch: int = 2048) -> dict[str, list[float]]:
-    from dlrm_scale.cpu_adagrad import install
+    from dlrm_scale.kernels.cpu_adagrad import install
 
     times = {"fbgemm": [], "dlrm_scale": []}
     for _ in range(repeats):
@@ -78,7 +78,7 @@ def time_embeddings(repeats: int = 3, rows: int = 2_000_000, dim: int = 64, pool
 def time_interactions(repeats: int = 3, tables: int = 26, dim: int = 64, batch: int = 1024) -> dict[str, list[float]]:
     from torchrec.models.dlrm import InteractionArch
 
-    from dlrm_scale.interaction import DotInteraction
+    from dlrm_scale.kernels.interaction import DotInteraction
 
     dense = torch.randn(batch, dim, requires_grad=True)
     sparse = torch.randn(batch, tables, dim, requires_grad=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlrm_scale.cpu_extension import built, load
+from dlrm_scale.kernels.cpu_extension import built, load
 
 INTERACTIONS = ("dlrm_scale", "torchrec")
 

@@ -43,7 +43,7 @@ class MemoryRowStore:
         return self.num_rows * self.width * 4
 
     def initialise(self, weights_of: Callable[[int, int], torch.Tensor]) -> None:
-        """Rows' weights from weights_of(start, stop) (dlrm_scale.initial_weights), state 0."""
+        """Rows' weights from weights_of(start, stop) (dlrm_scale.training.initial_weights), state 0."""
         for start in range(0, self.num_rows, CHUNK_ROWS):
             stop = min(self.num_rows, start + CHUNK_ROWS)
             block = torch.zeros(stop - start, self.width, dtype=RECORD_DTYPE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlrm_scale.model import ModelConfig, dense_cost
+from dlrm_scale.training.model import ModelConfig, dense_cost
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms, framework_overhead_ms
 from planner.plan import Plan
 from planner.scoring import rank_breakdown

@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 
 from planner.errors import PlannerError
 
-log = logging.getLogger("dlrm_scale.checkpoint")
+log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception
 LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 
