@@ -26,9 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.training.model import ModelConfig  # noqa: E402
+from dlrm_scale.run_config import ModelConfig  # noqa: E402
 from dlrm_scale.tools.simulate import simulate  # noqa: E402
-from planner.config import load_problem  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
 from planner.plan import Plan, table_layout  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.train_bench import machine  # noqa: E402
-from planner.config import load_problem  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
 from planner.plan import Plan, table_layout  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
 
@@ -44,10 +44,10 @@ CONTROL = "table_wise@2, other interaction kernel"
 
 def other_interaction(config: str) -> str:
     """The dot interaction the trainer does not pick by default on this machine."""
-    from dlrm_scale.train import measured_cpu_kernels
+    from dlrm_scale.run_config import DEFAULT_HARDWARE, measured_cpu_kernels
     from planner.config import read_yaml
 
-    return "torchrec" if measured_cpu_kernels(read_yaml(Path(config), "config"))["interaction"] == "dlrm_scale" else "dlrm_scale"
+    return "torchrec" if measured_cpu_kernels(read_yaml(Path(config), "config").get("hardware", DEFAULT_HARDWARE))["interaction"] == "dlrm_scale" else "dlrm_scale"
 
 
 def hand_plan(config: str, scheme: str, world: int, dp_max_rows: int | None = None) -> Plan:

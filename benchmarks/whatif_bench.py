@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.config import load_problem  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
 from planner.errors import InfeasiblePlanError  # noqa: E402
 from planner.planning import make_plan  # noqa: E402
 from planner.solver import SolverConfig  # noqa: E402

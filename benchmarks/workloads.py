@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.config import load_problem
+from dlrm_scale.run_config import load_problem
 from planner.specs import PlanningProblem, TableSpec, TrainingSpec
 
 GLOBAL_BATCH = 65_536

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from planner.config import GIB, load_problem
+from dlrm_scale.run_config import Overrides, load_run_config
 from planner.errors import ConfigError, PlannerBugError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
@@ -80,20 +80,16 @@ def add_profile_parser(sub) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from dlrm_scale.training.model import ModelConfig
     from dlrm_scale.tools.profile import profile_access
     from planner.access_stats import save_stats
-    from planner.config import read_yaml, section_dataclass
 
     if args.data == "criteo" and not args.data_path:
         raise ConfigError("profile: --data criteo needs --data-path")
     check_output_file("--out", args.out)
-    cluster = {"world_size": args.world_size} if args.world_size is not None else {}
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
-    problem = load_problem(args.config, None, None, cluster, training)
-    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
+    run = load_run_config(args.config, Overrides.from_args(args))
+    problem = run.problem
     start = time.perf_counter()
-    stats = profile_access(problem, model.num_dense_features, args.batches,
+    stats = profile_access(problem, run.model.num_dense_features, args.batches,
                            args.data_path if args.data == "criteo" else None, args.seed)
     save_stats(stats, args.out, f"{args.data} data, {args.batches} steps of {problem.training.batch_size_per_rank * problem.cluster.world_size} samples")
     print(f"{'table':<20} {'ids/sample':>10} {'distinct':>10} {'uniq/step':>10} {'LRU@10%':>8} {'LFU@10%':>8}")
@@ -117,25 +113,12 @@ def add_simulate_parser(sub) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from dlrm_scale.training.model import ModelConfig
     from dlrm_scale.tools.simulate import simulate
-    from planner.config import read_yaml, section_dataclass
 
     check_output_file("--json", args.json)
     plan = Plan.load(args.plan)
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
-    if args.comm_precision:
-        from dlrm_scale.train import parse_comm_precision
-
-        fwd, bwd = parse_comm_precision(args.comm_precision)
-        training.update(fwd_comm_precision=fwd, bwd_comm_precision=bwd)
-    problem = load_problem(args.config, None, args.hardware,
-                           {"world_size": plan.world_size, "ranks_per_node": plan.ranks_per_node}, training)
-    from dlrm_scale.train import check_plan_matches
-
-    check_plan_matches(plan, problem, plan.world_size)
-    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
-    result = simulate(plan, problem, model)
+    run = run_for_plan(args, plan)
+    result = simulate(plan, run.problem, run.model)
     print(result.format())
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
@@ -151,13 +134,14 @@ def add_explain_parser(sub) -> None:
     p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
 
 
-def problem_for_plan(config: str, plan: Plan, hardware: str | None = None):
-    """The config's problem on the plan's cluster shape, checked against the plan's tables."""
-    from dlrm_scale.train import check_plan_matches
+def run_for_plan(args: argparse.Namespace, plan: Plan):
+    """The config's run on the plan's cluster shape (other flags as what-ifs), checked against
+    the plan's tables."""
+    from planner.plan import check_plan_tables
 
-    problem = load_problem(config, None, hardware, {"world_size": plan.world_size, "ranks_per_node": plan.ranks_per_node})
-    check_plan_matches(plan, problem, plan.world_size)
-    return problem
+    run = load_run_config(args.config, Overrides.from_args(args, world_size=plan.world_size, ranks_per_node=plan.ranks_per_node))
+    check_plan_tables(plan, run.problem)
+    return run
 
 
 def cost_model_for(name: str, problem):
@@ -174,7 +158,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from planner.explain import explain
 
     plan = Plan.load(args.plan)
-    problem = problem_for_plan(args.config, plan, args.hardware)
+    problem = run_for_plan(args, plan).problem
     if args.table is not None and args.table not in plan.tables:
         raise ConfigError(f"--table {args.table!r} is not in the plan; its tables: {', '.join(list(plan.tables)[:8])}")
     print(explain(plan, problem, cost_model_for(args.cost_model, problem), args.table).format())
@@ -197,7 +181,7 @@ def run_diff(args: argparse.Namespace) -> int:
     if args.config:
         costed = []
         for plan in (before, after):
-            problem = problem_for_plan(args.config, plan)
+            problem = run_for_plan(args, plan).problem
             costed.append(float(rank_times_ms(plan, problem, cost_model_for("ours", problem)).max()))
         before_ms, after_ms = costed
         optimizer = problem.training.embedding_optimizer
@@ -214,16 +198,13 @@ def add_export_parser(sub) -> None:
 
 def run_export(args: argparse.Namespace) -> int:
     from dlrm_scale.tools.export import export_checkpoint
-    from dlrm_scale.training.model import ModelConfig
-    from planner.config import read_yaml, section_dataclass
 
     check_output_file("--out", args.out)
     checkpoint = Path(args.checkpoint)
     if not checkpoint.is_dir():
         raise ConfigError(f"checkpoint {checkpoint} is not a directory; give one of the step_* folders of a checkpoint directory")
-    problem = load_problem(args.config)
-    model = section_dataclass(read_yaml(Path(args.config), "config"), "model", ModelConfig, "config")
-    doc = export_checkpoint(checkpoint, list(problem.tables), model, problem.training.embedding_optimizer, Path(args.out))
+    run = load_run_config(args.config)
+    doc = export_checkpoint(checkpoint, list(run.problem.tables), run.model, run.problem.training.embedding_optimizer, Path(args.out))
     print(f"wrote {args.out}: the model at step {doc['step']}, {len(doc['tables'])} tables, unsharded")
     return 0
 
@@ -270,21 +251,7 @@ def run_plan(args: argparse.Namespace) -> int:
     check_output_file("--plot", args.plot)
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise ConfigError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
-    cluster = {}
-    if args.world_size is not None:
-        cluster["world_size"] = args.world_size
-    if args.ranks_per_node is not None:
-        cluster["ranks_per_node"] = args.ranks_per_node
-    if args.hbm_gb is not None:
-        if not (math.isfinite(args.hbm_gb) and 0 < args.hbm_gb <= 2**20):
-            raise ConfigError(f"--hbm-gb must be a positive number of GiB, got {args.hbm_gb}")
-        cluster["hbm_bytes_per_rank"] = int(args.hbm_gb * GIB)
-    if args.device is not None:
-        cluster["device"] = args.device
-    training = {"batch_size_per_rank": args.batch_size} if args.batch_size is not None else {}
-    if args.config is None and args.batch_size is None:
-        training["batch_size_per_rank"] = 512
-    problem = load_problem(args.config, args.tables, args.hardware, cluster, training, stats_path=args.stats)
+    problem = load_run_config(args.config, Overrides.from_args(args)).problem
     solver = SolverConfig(time_limit_s=args.time_limit)
     cost_model = None
     if args.cost_model == "torchrec":
@@ -348,27 +315,26 @@ def node_count(nnodes: str) -> int | None:
 
 def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     """The trainer's flag, config and plan checks, run here so a mistake is one line, not a torchrun report."""
-    from dlrm_scale.train import check_settings, parse_args
+    from dlrm_scale.training.flags import check_job, local_device, parse_args
 
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     nodes = node_count(args.nnodes)
     trainer_args = parse_args(rest)
-    settings = check_settings(trainer_args)
-    cluster = {"world_size": args.nproc_per_node * nodes, "ranks_per_node": args.nproc_per_node} if nodes else {}
-    problem = load_problem(trainer_args.config, cluster_overrides=cluster, training_overrides=settings.training_overrides)
+    device = local_device()
+    job = check_job(trainer_args, device)
     if trainer_args.plan and nodes:
-        from dlrm_scale.tiering.runtime import check_store_directory
-        from dlrm_scale.train import check_plan_matches
+        from dlrm_scale.train import check_plan_runs
+        from planner.plan import check_plan_inputs
 
+        run = job.on_cluster(args.nproc_per_node * nodes, args.nproc_per_node, device)
         plan = Plan.load(trainer_args.plan)
-        check_plan_matches(plan, problem, args.nproc_per_node * nodes)
-        if nodes == 1:  # on one node this machine holds every rank's SSD rows
-            store = Path(trainer_args.store_dir) if trainer_args.store_dir else None
-            check_store_directory(plan, list(range(args.nproc_per_node)), store, problem.training.embedding_optimizer)
+        check_plan_inputs(plan, run.problem, f"plan {trainer_args.plan}")
+        # on one node this machine holds every rank's SSD rows
+        check_plan_runs(plan, run, device, list(range(args.nproc_per_node)) if nodes == 1 else [])
     from dlrm_scale.training.checkpoint import JobLock
 
-    for directory, what in ((settings.checkpoint.directory, "checkpoint directory"),
+    for directory, what in ((job.run.checkpoint.directory, "checkpoint directory"),
                             (Path(trainer_args.store_dir) if trainer_args.store_dir else None, "store directory")):
         if directory is not None and directory.is_dir():
             JobLock(directory, what).release()  # busy: say so now (the job itself holds it while it runs)
@@ -376,7 +342,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
 
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:
     if args.help:
-        from dlrm_scale.train import parse_args
+        from dlrm_scale.training.flags import parse_args
 
         print(LAUNCHER_HELP, end="")
         parse_args(["--help"])

@@ -1,8 +1,9 @@
 """Loading specs from YAML configs, hardware profiles and table CSVs, with one-line errors.
 
-A config may hold sections that other parts of dlrm-scale own (`model`, `data`, `train`);
-the planner reads `hardware`, `cluster`, `training`, `tables` and `tables_csv`, and rejects
-unknown keys in them with the closest valid spelling.
+The planner owns a config's `hardware`, `cluster`, `training`, `tables` | `tables_csv` and
+`tiering` sections and rejects unknown keys in them with the closest valid spelling. A
+config that also holds sections others own (the trainer's `model` and `train`) is read whole
+by dlrm_scale.run_config, which names them; `load_problem` alone refuses them unless told.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
 DEFAULT_HARDWARE = "a100_zionex"
 
-TOP_LEVEL_KEYS = ("hardware", "cluster", "training", "tables", "tables_csv", "model", "train", "tiering")
+PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
 # Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
 PROFILE_KEYS = {
@@ -278,19 +279,35 @@ def load_problem(
     cluster_overrides: dict[str, Any] | None = None,
     training_overrides: dict[str, Any] | None = None,
     stats_path: str | Path | None = None,
+    other_sections: Iterable[str] = (),
 ) -> PlanningProblem:
     """Specs from a config file (optional), a table CSV (optional), access statistics
-    (optional, from `dlrm-scale profile`) and flag overrides.
+    (optional, from `dlrm-scale profile`) and flag overrides. `other_sections`: top-level
+    keys of the config that someone else reads.
 
     Precedence: flags over the config's sections over the hardware profile.
     """
     config: dict[str, Any] = {}
-    where = "flags"
+    where, base = "flags", Path.cwd()
     if config_path is not None:
-        config_path = Path(config_path)
-        config = read_yaml(config_path, "config")
-        where = f"config {config_path}"
-        check_keys(config, TOP_LEVEL_KEYS, where)
+        config = read_yaml(Path(config_path), "config")
+        where, base = f"config {config_path}", Path(config_path).parent
+        check_keys(config, PLANNER_SECTIONS + tuple(other_sections), where)
+    return problem_from_doc(config, where, base, tables_csv, hardware, cluster_overrides, training_overrides, stats_path)
+
+
+def problem_from_doc(
+    config: dict[str, Any],
+    where: str,
+    base: Path,
+    tables_csv: str | Path | None = None,
+    hardware: str | None = None,
+    cluster_overrides: dict[str, Any] | None = None,
+    training_overrides: dict[str, Any] | None = None,
+    stats_path: str | Path | None = None,
+) -> PlanningProblem:
+    """The planner's sections of a config document (`where` names it in errors; `base` is the
+    folder its relative paths start from); the caller checked its top-level keys."""
     profile_name = hardware or config.get("hardware", DEFAULT_HARDWARE)
     if not isinstance(profile_name, str):
         raise ConfigError(f"{where}: 'hardware' must be a profile name or a .yaml path")
@@ -300,31 +317,28 @@ def load_problem(
     cluster = build_cluster(
         profile, {**cluster_fields(cluster_section, f"{where}: cluster"), **(cluster_overrides or {})}
     )
-
     training_section = dict(mapping(config.get("training"), f"{where}: training"))
     check_keys(training_section, TRAINING_KEYS, f"{where}: training")
-    training_section.update(training_overrides or {})
-    if "batch_size_per_rank" not in training_section:
-        raise ConfigError(f"{where}: no batch size; set training.batch_size_per_rank or pass --batch-size")
-    training = TrainingSpec(**training_section)
-
-    if tables_csv is not None:
-        tables = load_tables_csv(tables_csv)
-    elif "tables_csv" in config:
-        if not isinstance(config["tables_csv"], str):
-            raise ConfigError(f"{where}: 'tables_csv' must be a path")
-        base = Path(config_path).parent if config_path else Path.cwd()
-        tables = load_tables_csv(base / config["tables_csv"])
-    elif "tables" in config:
-        tables = tables_from_config(config["tables"], where)
-    else:
-        raise ConfigError(f"{where}: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv")
+    training = TrainingSpec(**{**training_section, **(training_overrides or {})})
+    tables = _tables(config, where, base, tables_csv)
     tiering = section_dataclass(config, "tiering", TieringSpec, where)
     access = {}
     if stats_path is not None:
         access = load_stats(stats_path)
-        names = {t.name for t in tables}
-        unknown = sorted(set(access) - names)
+        unknown = sorted(set(access) - {t.name for t in tables})
         if unknown:
             raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
     return PlanningProblem(tuple(tables), cluster, training, tiering, access)
+
+
+def _tables(config: dict[str, Any], where: str, base: Path, tables_csv: str | Path | None) -> list[TableSpec]:
+    """The tables: a CSV given by flag, else the config's `tables_csv` or `tables`."""
+    if tables_csv is not None:
+        return load_tables_csv(tables_csv)
+    if "tables_csv" in config:
+        if not isinstance(config["tables_csv"], str):
+            raise ConfigError(f"{where}: 'tables_csv' must be a path")
+        return load_tables_csv(base / config["tables_csv"])
+    if "tables" in config:
+        return tables_from_config(config["tables"], where)
+    raise ConfigError(f"{where}: no tables; add a 'tables' list or 'tables_csv', or pass --tables FILE.csv")

@@ -68,7 +68,7 @@ class PlanInputs:
         for key, kind in expected.items():
             value = doc.get(key)
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise PlanFormatError(f"{source}: inputs.{key} is missing or not a {kind.__name__}; re-plan to record it")
+                raise PlanFormatError(f"{source}: inputs.{key} must be {'an integer' if kind is int else 'a string'}; re-plan to record it")
         extra = sorted(set(doc) - set(expected))
         if extra:
             raise PlanFormatError(f"{source}: inputs has unknown key {extra[0]!r}")

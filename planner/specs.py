@@ -37,6 +37,7 @@ OPTIMIZER_STATE = {
 DEVICES = ("cuda", "cpu")
 
 GIB = 1024**3  # configs and profiles speak in GiB; specs hold bytes
+DEFAULT_BATCH_SIZE_PER_RANK = 512  # where neither the config nor --batch-size gives one
 
 
 # Past this every id is the hottest row (the second is 2^-10 as likely); larger and infinite
@@ -191,9 +192,11 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class TrainingSpec:
-    """How the model is trained: batch per rank, optimizer and communication precisions."""
+    """How the model is trained: batch per rank, optimizer and communication precisions.
 
-    batch_size_per_rank: int
+    The per-rank batch lives here only: it prices the plan and sizes the trainer's batches."""
+
+    batch_size_per_rank: int = DEFAULT_BATCH_SIZE_PER_RANK
     embedding_optimizer: str = "rowwise_adagrad"
     fwd_comm_precision: str = "fp32"
     bwd_comm_precision: str = "fp32"

@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.config import load_problem, read_yaml  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
+from planner.config import read_yaml  # noqa: E402
 from planner.plan import Plan, table_layout  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
 

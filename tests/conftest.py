@@ -33,3 +33,15 @@ def make_problem(tables, cluster=None, batch=1024, tiering=None, access=None, **
 
 def table(name, rows=100_000, dim=64, pooling=1.0) -> TableSpec:
     return TableSpec(name, rows, dim, pooling)
+
+
+def run_config(problem: PlanningProblem, model, train, batch_size: int | None = None, checkpoint=None):
+    """A RunConfig for trainers built in tests: `batch_size` (per rank) goes where every run
+    keeps it, the problem's training spec."""
+    from dataclasses import replace
+
+    from dlrm_scale.run_config import CheckpointConfig, RunConfig
+
+    if batch_size is not None:
+        problem = replace(problem, training=replace(problem.training, batch_size_per_rank=batch_size))
+    return RunConfig(problem, model, train, checkpoint or CheckpointConfig())

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_scale.training.checkpoint import CheckpointConfig, candidates, read_meta
+from dlrm_scale.training.checkpoint import candidates, read_meta
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
-from dlrm_scale.training.model import ModelConfig
-from dlrm_scale.train import TrainConfig, check_plan_matches, parse_comm_precision
-from planner.config import load_problem, load_tables_csv, section_dataclass
+from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config, parse_comm_precision
+from planner.config import load_tables_csv, section_dataclass
 from planner.errors import PlannerError
-from planner.plan import Plan, table_layout
+from planner.plan import Plan, check_plan_inputs, check_plan_tables, table_layout
 import torch
 from planner.planning import make_plan
 from planner.specs import TableSpec, TieringSpec
@@ -23,7 +22,8 @@ from planner.types import ShardingType
 from planner.access_stats import load_stats
 from dlrm_scale.tiering.cache import SetAssociativeCache
 from dlrm_scale.tiering.store import MemoryRowStore
-from dlrm_scale.tiering.runtime import TieredShard, check_store_directory, resident_plan
+from dlrm_scale.bridge.resident import resident_plan
+from dlrm_scale.tiering.runtime import TieredShard, check_store_directory
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
 
 BASE = "hardware: a100_zionex\ntraining: {batch_size_per_rank: 8}\n"
@@ -102,9 +102,9 @@ def load_doc(doc: dict) -> Plan:
 
 def trainer_flags(tmp: Path, *flags: str):
     """The trainer's checks of its flags, as `dlrm-scale train` runs them before torchrun."""
-    from dlrm_scale.train import check_settings, parse_args
+    from dlrm_scale.training.flags import check_job, parse_args
 
-    return check_settings(parse_args(["--config", "configs/tiny.yaml", "--out-dir", str(tmp / "out"), *flags]))
+    return check_job(parse_args(["--config", "configs/tiny.yaml", "--out-dir", str(tmp / "out"), *flags]))
 
 
 def plan_cli(tmp: Path, *flags: str):
@@ -115,6 +115,16 @@ def plan_cli(tmp: Path, *flags: str):
     parser = argparse.ArgumentParser()
     add_plan_parser(parser.add_subparsers(dest="command"))
     return run_plan(parser.parse_args(["plan", "configs/tiny.yaml", *flags]))
+
+
+def recalibrated(tmp: Path) -> str:
+    """BASE on a copy of its profile with one cost constant changed, as a re-calibration would."""
+    profile = Path("configs/hardware/a100_zionex.yaml").read_text()
+    key = "kernel_launch_ms:"
+    assert key in profile
+    lines = [line if not line.startswith(key) else f"{key} 0.123456" for line in profile.splitlines()]
+    (tmp / "a100_zionex.yaml").write_text("\n".join(lines) + "\n")
+    return BASE.replace("a100_zionex", str(tmp / "a100_zionex.yaml"))
 
 
 def write(tmp: Path, name: str, data: bytes | str) -> Path:
@@ -171,11 +181,11 @@ CASES = [
                 r"add ranks \(--world-size\), give more memory per rank, or reduce num_embeddings/embedding_dim")),
     ("plan of another schema", lambda t: Plan.from_dict(plan_doc(t, schema="v0")), "plan: not a dlrm-scale/plan/v1 document (schema is 'v0')"),
     ("plan with overlapping shards", lambda t: Plan.from_dict(overlapping(t)), "plan: shards of 'a' overlap"),
-    ("plan missing a table", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t, BASE + TABLE + "  - {name: b, num_embeddings: 5, embedding_dim: 16}\n")[1], 2),
+    ("plan missing a table", lambda t: check_plan_tables(plan_for(t)[0], plan_for(t, BASE + TABLE + "  - {name: b, num_embeddings: 5, embedding_dim: 16}\n")[1]),
      "plan has no table 'b'; re-plan for this config"),
-    ("plan of another shape", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t, BASE + "tables:\n  - {name: a, num_embeddings: 7, embedding_dim: 16}\n")[1], 2),
+    ("plan of another shape", lambda t: check_plan_tables(plan_for(t)[0], plan_for(t, BASE + "tables:\n  - {name: a, num_embeddings: 7, embedding_dim: 16}\n")[1]),
      "plan's table 'a' is 100x16 but the model's is 7x16; re-plan for this config"),
-    ("plan for another world size", lambda t: check_plan_matches(plan_for(t)[0], plan_for(t)[1], 4),
+    ("plan for another world size", lambda t: check_plan_tables(plan_for(t)[0], plan_for(t, world=4)[1]),
      "plan is for 2 ranks but the job has 4; re-plan with --world-size 4"),
     ("missing plan file", lambda t: Plan.load(t / "p.json"), "plan file {t}/p.json does not exist; create one with 'dlrm-scale plan --out {t}/p.json'"),
     ("plan file not JSON", lambda t: (t / "p.json").write_text("{") and Plan.load(t / "p.json"),
@@ -282,10 +292,10 @@ CASES = [
     ("ranks per node as a string", lambda t: load_problem(tiny_with(t, "world_size: 2", "world_size: 2\n  ranks_per_node: \"8\"")),
      "cluster: ranks_per_node must be a positive integer, got '8'"),
     ("top-level data section nothing reads", lambda t: load_problem(tiny_with(t, "hardware: cpu_gloo", "hardware: cpu_gloo\ndata: {path: x}")),
-     "config {t}/c.yaml: unknown key 'data'; valid keys: hardware, cluster, training, tables, tables_csv, model, train, tiering"),
+     "config {t}/c.yaml: unknown key 'data'; valid keys: hardware, cluster, training, tables, tables_csv, tiering, model, train"),
     ("top-level reliability section nothing reads",
      lambda t: load_problem(tiny_with(t, "hardware: cpu_gloo", "hardware: cpu_gloo\nreliability: {retries: 3}")),
-     "config {t}/c.yaml: unknown key 'reliability'; valid keys: hardware, cluster, training, tables, tables_csv, model, train, tiering"),
+     "config {t}/c.yaml: unknown key 'reliability'; valid keys: hardware, cluster, training, tables, tables_csv, tiering, model, train"),
     ("deterministic as a string", lambda t: section_dataclass({"train": {"deterministic": "false"}}, "train", TrainConfig, "config"),
      "config: train: deterministic must be true or false, got 'false'"),
     ("fractional steps", lambda t: section_dataclass({"train": {"steps": 10.5}}, "train", TrainConfig, "config"),
@@ -322,6 +332,23 @@ CASES = [
      "checkpoint {t}/step_000000005 is partial (no COMPLETE marker); remove it or resume from another"),
     ("export of a checkpoint without a manifest", lambda t: export(checkpoint_dir(t, True, '{"step": 5}'), t),
      "checkpoint {t}/step_000000005 is damaged (it has no MANIFEST.json); export another"),
+    # a plan made for another run (planner.plan_inputs)
+    ("plan for another batch", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE.replace("8}", "16}") + TABLE)[1], "p.json"),
+     "p.json does not fit this run: it was made for batch_size_per_rank 8, this run has 16; re-plan for it with 'dlrm-scale plan'"),
+    ("plan for other comms", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE.replace("8}", "8, fwd_comm_precision: fp16}") + TABLE)[1], "p.json"),
+     "p.json does not fit this run: it was made for fwd_comm_precision fp32, this run has fp16; re-plan for it with 'dlrm-scale plan'"),
+    ("plan for other pooling", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE + TABLE.replace("16}", "16, pooling_factor: 3}"))[1], "p.json"),
+     "p.json does not fit this run: the config's tables (pooling factors or skew) differ from those it was made for; re-plan for it with 'dlrm-scale plan'"),
+    ("plan priced on another profile", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE.replace("a100_zionex", "h100_dgx") + TABLE)[1], "p.json"),
+     "p.json does not fit this run: it was priced with hardware profile 'a100_zionex', this run uses 'h100_dgx'; re-plan for it with 'dlrm-scale plan'"),
+    ("plan priced before a re-calibration", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, recalibrated(t) + TABLE)[1], "p.json"),
+     "p.json does not fit this run: it was priced with hardware profile 'a100_zionex' as it was before a re-calibration or edit; "
+     "re-plan for it with 'dlrm-scale plan'"),
+    ("plan inputs of the wrong type", lambda t: load_doc(plan_doc(t, inputs={**plan_doc(t)["inputs"], "batch_size_per_rank": "8"})),
+     "p.json: inputs.batch_size_per_rank must be an integer; re-plan to record it"),
+    ("batch size in the train section", lambda t: load_run_config(tiny_with(t, "train:\n", "train:\n  batch_size: 64\n")),
+     "config: train: batch_size has one home, training: {{batch_size_per_rank: N}}; move it there"),
+    ("negative batch flag to the planner", lambda t: Overrides(batch_size=-4), "--batch-size must be a positive integer, got -4"),
     ("misspelt train key", lambda t: section_dataclass({"train": {"stpes": 5}}, "train", TrainConfig, "config"),
      "config: train: unknown key 'stpes'; did you mean 'steps'?"),
 ]

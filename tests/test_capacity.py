@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from planner.capacity import check_capacity
-from planner.config import load_problem
+from dlrm_scale.run_config import load_problem
 from planner.errors import PlannerBugError
 from planner.planning import make_plan
 from planner.types import Storage

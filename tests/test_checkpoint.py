@@ -30,15 +30,15 @@ def uniform_plan(scheme: str, world: int) -> Plan:
 
 
 def make_trainer(rank, world, out_dir, ckpt_dir, steps, resume, plan, every=0):
-    from dlrm_scale.training.checkpoint import CheckpointConfig
-    from dlrm_scale.train import TrainConfig
+    from dlrm_scale.run_config import CheckpointConfig, TrainConfig
     from dlrm_scale.training.trainer import Trainer
+    from tests.conftest import run_config
 
     p = problem("rowwise_adagrad")
-    cfg = TrainConfig(steps=steps, batch_size=64, log_every=1, eval_batches=1, deterministic=True)
+    cfg = TrainConfig(steps=steps, log_every=1, eval_batches=1, deterministic=True)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return Trainer(p, plan, model_config(), cfg, torch.device("cpu"), rank, world, Path(out_dir),
-                   checkpoint=CheckpointConfig(Path(ckpt_dir), every, 3), resume=resume)
+    return Trainer(run_config(p, model_config(), cfg, 64, CheckpointConfig(Path(ckpt_dir), every, 3)), plan, torch.device("cpu"),
+                   rank, world, Path(out_dir), resume=resume)
 
 
 def _train(rank, world, out_dir, ckpt_dir, steps, resume, every):

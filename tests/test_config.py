@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.config import load_problem, load_tables_csv
+from dlrm_scale.run_config import load_problem
+from planner.config import load_tables_csv
 from planner.errors import ConfigError
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,

@@ -12,7 +12,7 @@ from torchrec.distributed.planner.utils import placement as torchrec_placement
 
 from dlrm_scale.bridge.qcomms import COMM_TYPES, qcomm_codecs_registry
 from dlrm_scale.bridge.sharding import from_sharding_plan, to_sharding_plan
-from dlrm_scale.training.trainer import sharder_for
+from dlrm_scale.bridge.sharders import sharder_for
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec
 from planner.types import ShardingType

@@ -17,9 +17,9 @@ GLOBAL_BATCH = 128
 def _train_and_predict(rank, world, out_dir, which):
     import torch.distributed as dist
 
-    from dlrm_scale.training.checkpoint import CheckpointConfig
+    from dlrm_scale.run_config import CheckpointConfig, TrainConfig
     from dlrm_scale.training.data import SyntheticData
-    from dlrm_scale.train import TrainConfig
+    from tests.conftest import run_config
     from dlrm_scale.training.trainer import Trainer
     from tests import test_tiering_distributed as tiering
     from tests import test_training_distributed as schemes
@@ -31,9 +31,9 @@ def _train_and_predict(rank, world, out_dir, which):
         p = tiering.problem("rowwise_adagrad")
         plan, model = tiering.plan_for(p, True), tiering._model_config()
     (out / f"store{rank}").mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig(steps=3, batch_size=GLOBAL_BATCH // world, log_every=1, eval_batches=1,
+    cfg = TrainConfig(steps=3, log_every=1, eval_batches=1,
                       store_dir=str(out / f"store{rank}"))
-    trainer = Trainer(p, plan, model, cfg, torch.device("cpu"), rank, world, out, checkpoint=CheckpointConfig(out / "ckpt"))
+    trainer = Trainer(run_config(p, model, cfg, GLOBAL_BATCH // world, CheckpointConfig(out / "ckpt")), plan, torch.device("cpu"), rank, world, out)
     trainer.run()
     trainer.model.eval()
     batch = SyntheticData(p.tables, model.num_dense_features, GLOBAL_BATCH, 99, rank, world).batch(0)

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.access_stats import load_stats
-from planner.config import load_problem, load_tables_csv
+from dlrm_scale.run_config import load_problem
+from planner.config import load_tables_csv
 from planner.errors import PlannerError
 from planner.plan import Plan
 

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torchrec.models.dlrm import InteractionArch
 from dlrm_scale.kernels import interaction
 from dlrm_scale.kernels.interaction import DotInteraction
 from dlrm_scale.training.prefetch import Prefetcher
-from dlrm_scale.train import load_train_config, parse_args
+from dlrm_scale.run_config import Overrides, load_run_config
 from planner.errors import ConfigError
 
 
@@ -34,24 +35,24 @@ def test_dot_interaction_matches_torchrecs_values_and_gradients(tables, compiled
         torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
-def _args(*flags):
-    return parse_args(["--config", "c.yaml", *flags])
-
-
 def test_kernels_come_from_the_profile_and_flags_override(tmp_path):
     profile = tmp_path / "box.yaml"
-    profile.write_text("name: box\ncpu_kernels: {embeddings: dlrm_scale, interaction: dlrm_scale}\n")
-    doc = {"hardware": str(profile)}
-    cfg = load_train_config(doc, _args(), 64)
-    assert (cfg.cpu_embeddings, cfg.interaction) == ("dlrm_scale", "dlrm_scale")
-    cfg = load_train_config(doc, _args("--interaction", "torchrec", "--cpu-embeddings", "fbgemm"), 64)
-    assert (cfg.cpu_embeddings, cfg.interaction) == ("fbgemm", "torchrec")
-    profile.write_text("name: box\n")  # never measured: TorchRec's kernels
-    cfg = load_train_config(doc, _args(), 64)
-    assert (cfg.cpu_embeddings, cfg.interaction) == ("fbgemm", "torchrec")
-    profile.write_text("name: box\ncpu_kernels: {interaction: mkl}\n")
+    base = Path("configs/hardware/cpu_gloo.yaml").read_text().split("cpu_kernels:")[0]
+    config = tmp_path / "c.yaml"
+    config.write_text(f"hardware: {profile}\ntables: [{{name: a, num_embeddings: 10, embedding_dim: 8}}]\n")
+
+    def kernels(**flags):
+        train = load_run_config(config, Overrides(**flags)).train
+        return train.cpu_embeddings, train.interaction
+
+    profile.write_text(base + "cpu_kernels: {embeddings: dlrm_scale, interaction: dlrm_scale}\n")
+    assert kernels() == ("dlrm_scale", "dlrm_scale")
+    assert kernels(interaction="torchrec", cpu_embeddings="fbgemm") == ("fbgemm", "torchrec")
+    profile.write_text(base)  # never measured: TorchRec's kernels
+    assert kernels() == ("fbgemm", "torchrec")
+    profile.write_text(base + "cpu_kernels: {interaction: mkl}\n")
     with pytest.raises(ConfigError, match="cpu_kernels must map embeddings to one of"):
-        load_train_config(doc, _args(), 64)
+        kernels()
 
 
 def test_prefetcher_keeps_order_and_ends():

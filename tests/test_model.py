@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from dlrm_scale.training.data import SyntheticData
-from dlrm_scale.training.model import ModelConfig, build_model
+from dlrm_scale.run_config import ModelConfig
+from dlrm_scale.training.model import build_model
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 

@@ -48,19 +48,19 @@ def plan_of(name: str) -> Plan:
 
 
 def _train(rank, world, out_dir, plan_name):
-    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.run_config import ModelConfig, TrainConfig
     from dlrm_scale.training.state import full_tables
-    from dlrm_scale.train import TrainConfig
     from dlrm_scale.training.trainer import Trainer
+    from tests.conftest import run_config
 
     out = Path(out_dir)
     store = out / f"store{rank}"
     store.mkdir(parents=True, exist_ok=True)
-    cfg = TrainConfig(steps=STEPS, batch_size=GLOBAL_BATCH // world, embedding_lr=0.05, dense_lr=0.05, log_every=1,
+    cfg = TrainConfig(steps=STEPS, embedding_lr=0.05, dense_lr=0.05, log_every=1,
                       eval_batches=2, seed=SEED, deterministic=True, store_dir=str(store),
                       cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
     model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
-    trainer = Trainer(problem(world), plan_of(plan_name), model, cfg, torch.device("cpu"), rank, world, out)
+    trainer = Trainer(run_config(problem(world), model, cfg, GLOBAL_BATCH // world), plan_of(plan_name), torch.device("cpu"), rank, world, out)
     initial = full_tables(trainer.model, tiered=trainer.tiered)
     trainer.run()
     return {"initial": initial}

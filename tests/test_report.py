@@ -6,7 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pytest
 
-from planner.config import load_problem
+from dlrm_scale.run_config import load_problem
 from planner.planning import make_plan
 from planner.report import format_plan, plan_figure, rank_list
 

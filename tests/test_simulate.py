@@ -1,6 +1,7 @@
 import pytest
 
-from dlrm_scale.training.model import ModelConfig, dense_cost
+from dlrm_scale.run_config import ModelConfig
+from dlrm_scale.tools.simulate import dense_cost
 from dlrm_scale.tools.simulate import simulate
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, framework_overhead_ms
 from planner.planning import make_plan

@@ -9,7 +9,8 @@ import torch
 
 from dlrm_scale.tiering.cache import SetAssociativeCache
 from dlrm_scale.tiering.store import MemoryRowStore
-from dlrm_scale.tiering.runtime import TieredShard, check_store_directory, resident_plan, resident_tables
+from dlrm_scale.bridge.resident import resident_plan, resident_tables
+from dlrm_scale.tiering.runtime import TieredShard, check_store_directory
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec
 from planner.types import ShardingType

@@ -44,21 +44,21 @@ def initial_table(t: TableSpec) -> torch.Tensor:
 
 
 def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_every, resume):
-    from dlrm_scale.training.checkpoint import CheckpointConfig
+    from dlrm_scale.run_config import CheckpointConfig, TrainConfig
     from dlrm_scale.training.state import local_shard_state
-    from dlrm_scale.train import TrainConfig
     from dlrm_scale.training.trainer import Trainer
+    from tests.conftest import run_config
 
     p = problem(optimizer)
     out = Path(out_dir)
-    cfg = TrainConfig(steps=steps, batch_size=128, embedding_lr=0.1, dense_lr=0.1, dense_optimizer="sgd", log_every=4,
+    cfg = TrainConfig(steps=steps, embedding_lr=0.1, dense_lr=0.1, dense_optimizer="sgd", log_every=4,
                       eval_batches=1, pipeline=pipeline, store_dir=str(out / f"store{rank}") if tiered else None)
     if tiered:
         (out / f"store{rank}").mkdir(exist_ok=True)
     checkpoint = CheckpointConfig(out / "ckpt", checkpoint_every, 3) if checkpoint_every or resume else None
     torch.manual_seed(0)
-    trainer = Trainer(p, plan_for(p, tiered), _model_config(), cfg, torch.device("cpu"), rank, world, out,
-                      checkpoint=checkpoint, resume=resume)
+    trainer = Trainer(run_config(p, _model_config(), cfg, 128, checkpoint), plan_for(p, tiered), torch.device("cpu"), rank, world, out,
+                      resume=resume)
     local_shard_state(trainer.model, trainer.tiered, lambda name: initial_table(p.tables_by_name[name]))
     trainer.run()
     result = {"tables": local_shard_state(trainer.model, trainer.tiered)}
@@ -71,7 +71,7 @@ def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_
 
 
 def _model_config():
-    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.run_config import ModelConfig
 
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 

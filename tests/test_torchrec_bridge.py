@@ -4,7 +4,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from dlrm_scale.bridge.sharding import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
-from planner.config import load_problem
+from dlrm_scale.run_config import load_problem
 from planner.plan import Plan, check_geometry, table_layout
 from planner.planning import make_plan
 from planner.scoring import rank_times_ms

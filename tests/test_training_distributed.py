@@ -40,22 +40,23 @@ def every_scheme_plan(p: PlanningProblem) -> Plan:
 
 
 def model_config():
-    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.run_config import ModelConfig
 
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 
 
 def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="sgd"):
+    from dlrm_scale.run_config import TrainConfig
     from dlrm_scale.training.state import full_tables, local_shard_blocks
-    from dlrm_scale.train import TrainConfig
     from dlrm_scale.training.trainer import Trainer
+    from tests.conftest import run_config
 
     p = problem(optimizer, fwd, bwd)
     plan = every_scheme_plan(p)
-    cfg = TrainConfig(steps=steps, batch_size=64, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
+    cfg = TrainConfig(steps=steps, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
                       log_every=1, eval_batches=1, pipeline=pipeline, cpu_embeddings="dlrm_scale", interaction="dlrm_scale",
                       materialise_mib=1024 if pipeline else 0)  # without the pipeline, batches come from the worker thread
-    trainer = Trainer(p, plan, model_config(), cfg, torch.device("cpu"), rank, world, Path(out_dir))
+    trainer = Trainer(run_config(p, model_config(), cfg, 64), plan, torch.device("cpu"), rank, world, Path(out_dir))
     initial = {k: v.detach().clone() for k, v in trainer.model.state_dict().items() if "embedding_bags" not in k}
     initial_tables = full_tables(trainer.model)
     blocks = local_shard_blocks(trainer.model)

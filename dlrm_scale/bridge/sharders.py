@@ -1,4 +1,4 @@
-"""TorchRec sharders with every scheme enabled on CPU.
+"""TorchRec sharders with every scheme enabled on CPU, and the sharder a run shards with.
 
 TorchRec's EmbeddingBagCollectionSharder offers only data_parallel, table_wise, column_wise
 and table_column_wise on CPU, though row_wise, table_row_wise and grid_shard run on gloo too.
@@ -10,6 +10,8 @@ from typing import List
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
+
+from dlrm_scale.bridge.qcomms import qcomm_codecs_registry
 
 ALL_SHARDING_TYPES = [
     ShardingType.DATA_PARALLEL.value,
@@ -28,3 +30,11 @@ class WideEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         if compute_device_type == "cpu":
             return list(ALL_SHARDING_TYPES)
         return super().sharding_types(compute_device_type)
+
+
+def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
+    """The sharder: quantized comms when asked (bridge.qcomms); on CUDA, FBGEMM's SSD kernel
+    (`key_value`) keeps its files in `store_dir`."""
+    registry = qcomm_codecs_registry(fwd, bwd, shard_widths)
+    fused = {"ssd_storage_directory": store_dir} if store_dir else None
+    return WideEmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=registry)

@@ -1,4 +1,5 @@
-"""Plan <-> TorchRec `ShardingPlan`: the only place that knows both formats."""
+"""Plan <-> TorchRec `ShardingPlan`: the only place that knows both formats. On CPU the plan
+TorchRec shards is the resident one (bridge.resident), whoever asks."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, Shard
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
+from dlrm_scale.bridge.resident import resident_plan
 from planner.plan import Plan, PlannedShard, TablePlan
 from planner.schemes import CACHED_KERNELS, cache_rows
 
@@ -14,8 +16,8 @@ DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a cachin
 
 def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> ParameterSharding:
     """TorchRec's sharding of one table. Cached tables keep their kernel (FBGEMM's UVM cache or
-    SSD key-value store, CUDA-only) with the plan's load factor; on CPU shard
-    tiering.resident_plan(plan) instead."""
+    SSD key-value store, CUDA-only) with the plan's load factor; on CPU to_sharding_plan
+    shards their resident caches instead."""
     ranks = table.ranks
     if table.sharding_type == "data_parallel":
         return ParameterSharding(sharding_type="data_parallel", compute_kernel=table.compute_kernel, ranks=ranks)
@@ -38,6 +40,8 @@ def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> Pa
 
 def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "") -> ShardingPlan:
     """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g. "model.sparse_arch.embedding_bag_collection")."""
+    if device == "cpu":
+        plan = resident_plan(plan)
     per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, plan.ranks_per_node)
                                              for name, t in plan.tables.items()})
     return ShardingPlan({module_path: per_table})

@@ -21,9 +21,6 @@ from torch import nn
 
 from dlrm_scale.kernels.cpu_extension import built, load
 
-INTERACTIONS = ("dlrm_scale", "torchrec")
-
-
 class _CpuDot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, combined: torch.Tensor) -> torch.Tensor:

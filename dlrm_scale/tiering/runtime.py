@@ -22,57 +22,21 @@ import os
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
-from torchrec.distributed.types import NoWait
 
-from dlrm_scale.training.phases import PhaseTimer, TimedPipeline
+from dlrm_scale.bridge.resident import embedding_kernels
 from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
-from planner.candidates import CACHEABLE
 from planner.cost_model import optimizer_state_bytes
 from planner.errors import ConfigError
-from planner.plan import Plan, PlannedShard, TablePlan
-from planner.specs import TableSpec
+from planner.plan import Plan, PlannedShard
 
 CACHE_WAYS = 32  # as FBGEMM's set-associative caches
-CPU_CACHEABLE = tuple(st.value for st in CACHEABLE["cpu"])  # what the planner offers on CPU
 FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)
-
-
-# ---- the resident layout TorchRec shards ----------------------------------------------------
-def resident_plan(plan: Plan) -> Plan:
-    """The plan TorchRec shards on CPU: every cached table reduced to its cache rows, computed
-    by the fused kernel. Raises ConfigError for a cached table that cannot be cached on CPU."""
-    tables = {}
-    for name, t in plan.tables.items():
-        if not t.cached:
-            tables[name] = t
-            continue
-        if t.sharding_type not in CPU_CACHEABLE:
-            raise ConfigError(
-                f"table '{name}' is {t.sharding_type} with {t.compute_kernel}: on CPU only "
-                f"{', '.join(CPU_CACHEABLE)} tables can be cached; re-plan with --device cpu"
-            )
-        rows = {s.cache_rows for s in t.shards}
-        if len(rows) != 1:
-            raise ConfigError(f"table '{name}': its shards have different cache_rows {sorted(rows)}; give them one size")
-        cache = rows.pop()
-        shards = tuple(replace(s, rows=cache, tier="ddr", cache_rows=0) for s in t.shards)
-        tables[name] = TablePlan(t.sharding_type, "fused", cache, t.embedding_dim, shards)
-    return replace(plan, tables=tables)
-
-
-def resident_tables(tables: list[TableSpec] | tuple[TableSpec, ...], plan: Plan) -> list[TableSpec]:
-    """The model's tables as TorchRec builds them under `resident_plan(plan)`."""
-    out = []
-    for t in tables:
-        tp = plan.tables.get(t.name)
-        out.append(replace(t, num_embeddings=tp.shards[0].cache_rows) if tp is not None and tp.cached else t)
-    return out
 
 
 def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:
@@ -401,34 +365,3 @@ class TieredEmbeddings:
             self._reader.shutdown(wait=True)
         for s in self.shards.values():
             s.store.close()
-
-
-def embedding_kernels(model: torch.nn.Module):
-    """TorchRec's TBE kernels in a sharded model. Sharded collections keep their lookups in a
-    plain list (`_lookups`), outside the module tree, so they are walked explicitly."""
-    for module in model.modules():
-        for lookup in getattr(module, "_lookups", None) or []:
-            for kernel in lookup.modules():
-                if isinstance(kernel, BaseBatchedEmbeddingBag):
-                    yield kernel
-
-
-class PrefetchingPipeline(TimedPipeline):
-    """TorchRec's sparse-dist pipeline, plus: once the next batch's ids have reached this
-    rank, their missed rows are read in the background while the current batch trains."""
-
-    def __init__(self, model, optimizer, device, timer: PhaseTimer, tiered: TieredEmbeddings) -> None:
-        super().__init__(model, optimizer, device, timer)
-        self._tiered = tiered
-
-    def wait_sparse_data_dist(self, context) -> None:
-        super().wait_sparse_data_dist(context)
-        for module in self._pipelined_modules:
-            name = module.forward._name
-            request = context.input_dist_tensors_requests.get(name)
-            if request is None:
-                continue
-            dist_input = request.wait()
-            context.input_dist_tensors_requests[name] = NoWait(dist_input)
-            self._tiered.prefetch(module, dist_input)
-        self.timer.lap("tiering")

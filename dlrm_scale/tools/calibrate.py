@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
-from planner.config import GIB
+from planner.specs import GIB
 from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
 from planner.errors import ConfigError
 
@@ -226,10 +226,11 @@ def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), re
 # framework terms: few and many tables, few and many ids
 OVERHEAD_MODELS = ((2, 1000, 16, 1.0), (16, 1000, 16, 1.0), (4, 200_000, 64, 20.0))
 OVERHEAD_STEPS = 60
+OVERHEAD_BATCH_SIZE_PER_RANK = 256  # a measurement setting: the batch these small models are timed at
 
 
 def _overhead_model():
-    from dlrm_scale.training.model import ModelConfig
+    from dlrm_scale.run_config import ModelConfig
 
     return ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))
 
@@ -240,25 +241,24 @@ def _overhead_problem(model: tuple, cluster_fields: dict, world: int):
     num_tables, rows, dim, pooling = model
     tables = tuple(TableSpec(f"t{i}", rows, dim, pooling) for i in range(num_tables))
     cluster = ClusterSpec(num_nodes=1, ranks_per_node=world, device="cpu", hbm_bytes_per_rank=0, **cluster_fields)
-    return PlanningProblem(tables, cluster, TrainingSpec(256))
+    return PlanningProblem(tables, cluster, TrainingSpec(OVERHEAD_BATCH_SIZE_PER_RANK))
 
 
 def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_fields: dict) -> float:
     import json
 
-    from dlrm_scale.train import TrainConfig
+    from dlrm_scale.run_config import RunConfig, TrainConfig
     from dlrm_scale.training.trainer import Trainer
     from planner.planning import make_plan
 
     problem = _overhead_problem(model, cluster_fields, world)
     plan = make_plan(problem)
-    config = TrainConfig(steps=OVERHEAD_STEPS, batch_size=256, log_every=10, eval_batches=1)
-    trainer = Trainer(problem, plan, _overhead_model(), config, torch.device("cpu"), rank, world, Path(out_dir))
-    trainer.run()
+    run = RunConfig(problem, _overhead_model(), TrainConfig(steps=OVERHEAD_STEPS, log_every=10, eval_batches=1))
+    Trainer(run, plan, torch.device("cpu"), rank, world, Path(out_dir)).run()
     if rank != 0:
         return 0.0
     rates = [json.loads(l)["samples_per_s"] for l in Path(out_dir, "metrics.jsonl").read_text().splitlines() if "samples_per_s" in l]
-    return float(256 * world / np.median(rates[1:]) * 1e3)
+    return float(OVERHEAD_BATCH_SIZE_PER_RANK * world / np.median(rates[1:]) * 1e3)
 
 
 def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, float]:
@@ -279,7 +279,7 @@ def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, floa
         sim = simulate(plan, problem, _overhead_model())
         busiest = max(sim.ranks, key=lambda r: r.step_ms).rank
         ids = sum(
-            256 * cfg.nproc * problem.tables_by_name[name].pooling_factor * sum(s.rows for s in t.shards if s.rank == busiest) / t.num_embeddings
+            OVERHEAD_BATCH_SIZE_PER_RANK * cfg.nproc * problem.tables_by_name[name].pooling_factor * sum(s.rows for s in t.shards if s.rank == busiest) / t.num_embeddings
             for name, t in plan.tables.items() if t.sharding_type != "data_parallel"
         )
         rows.append([1.0, model[0], ids * 1e-6])

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from dlrm_scale.training import checkpoint as ckpt
-from dlrm_scale.training.model import TABLE_KEY_PREFIX, ModelConfig, build_model
+from dlrm_scale.run_config import ModelConfig
+from dlrm_scale.training.model import TABLE_KEY_PREFIX, build_model
 from planner.cost_model import OPTIMIZER_STATE
 from planner.errors import ConfigError
 from planner.specs import TableSpec

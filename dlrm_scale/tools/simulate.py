@@ -8,14 +8,14 @@ model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
-from dlrm_scale.training.model import ModelConfig, dense_cost
+from dlrm_scale.run_config import ModelConfig
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms, framework_overhead_ms
 from planner.plan import Plan
 from planner.scoring import rank_breakdown
-from planner.specs import GIB, PlanningProblem
+from planner.specs import GIB, PlanningProblem, TableSpec
 from planner.types import TIERS, Perf, Storage
-
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,23 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig) -> Simula
     other = framework_overhead_ms(len(problem.tables), cluster)
     ranks = tuple(RankSimulation(r, perf[r], compute, reduce, other, storage[r]) for r in range(plan.world_size))
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
+
+
+def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> tuple[float, int]:
+    """Training FLOPs per sample (forward and twice that backward) and parameter count of the
+    dense part: bottom MLP, interaction and top MLP, as build_model lays them out."""
+    dim = tables[0].embedding_dim
+    bottom = [config.num_dense_features, *config.dense_arch] + ([] if config.dense_arch[-1] == dim else [dim])
+    features = len(tables) + 1
+    if config.arch == "dlrm":
+        interaction_flops = 2 * dim * features * (features - 1) // 2
+        top_in = dim + features * (features - 1) // 2
+        cross_params = 0
+    else:
+        top_in = dim * features
+        cross_params = config.dcn_num_layers * (2 * top_in * config.dcn_low_rank_dim + top_in)
+        interaction_flops = 2 * cross_params
+    top = [top_in, *config.over_arch]
+    mlp = sum(a * b for a, b in zip(bottom, bottom[1:])) + sum(a * b for a, b in zip(top, top[1:]))
+    params = mlp + sum(bottom[1:]) + sum(top[1:]) + cross_params
+    return 3.0 * (2 * mlp + interaction_flops), params

@@ -30,7 +30,6 @@ import json
 import os
 import pickle
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -57,20 +56,6 @@ HASH_CHUNK_BYTES = 8 << 20
 
 class CheckpointError(PlannerError):
     """A checkpoint directory is unusable: missing, partial, corrupted or for another model."""
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    directory: Path | None = None
-    every_steps: int = 0  # 0: only at the end
-    keep: int = 3
-    resume_from: str | None = None  # a step or a checkpoint path; None: the newest that verifies
-
-    def __post_init__(self) -> None:
-        if self.every_steps < 0:
-            raise CheckpointError(f"--checkpoint-every must be >= 0, got {self.every_steps}")
-        if self.keep < 1:
-            raise CheckpointError(f"--keep-checkpoints must be >= 1, got {self.keep}")
 
 
 def step_dir(directory: Path, step: int) -> Path:

@@ -16,6 +16,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from dlrm_scale.bridge.resident import embedding_kernels
+
 BLOCK_ROWS = 4096  # rows drawn from one generator
 FILL_ROWS = 1 << 16  # rows generated at a time when filling a shard: bounds the memory it takes
 
@@ -55,8 +57,6 @@ def initialise_embeddings(model: torch.nn.Module, tables: dict[str, tuple[int, i
     """Set every embedding shard on this rank (fused kernels, data-parallel replicas and the
     stores of cached shards, a dlrm_scale.tiering.TieredEmbeddings) to its initial weights.
     `tables`: name -> (rows, dim) of the whole table."""
-    from dlrm_scale.tiering.runtime import embedding_kernels
-
     def rows_of(name: str) -> Callable[[int, int], torch.Tensor]:
         num_rows, dim = tables[name]
         return lambda start, stop: initial_rows(seed, name, num_rows, dim, start, stop)

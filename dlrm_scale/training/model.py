@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -12,10 +11,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_scale.training.data import feature_name
 from dlrm_scale.kernels.interaction import DotInteraction
+from dlrm_scale.run_config import ModelConfig
 from planner.errors import ConfigError
 from planner.specs import TableSpec
 
-ARCHS = ("dlrm", "dcnv2")
 # Where DistributedModelParallel finds the embedding collection inside DLRMTrain.
 EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
 TABLE_KEY_PREFIX = EMBEDDING_MODULE_PATH + ".embedding_bags."  # + name + ".weight": a table in a state dict
@@ -24,28 +23,6 @@ TABLE_KEY_PREFIX = EMBEDDING_MODULE_PATH + ".embedding_bags."  # + name + ".weig
 def table_of_key(key: str) -> str | None:
     """The table a state-dict key holds the weights of, or None for any other key."""
     return key[len(TABLE_KEY_PREFIX):-len(".weight")] if key.startswith(TABLE_KEY_PREFIX) and key.endswith(".weight") else None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    arch: str = "dlrm"
-    num_dense_features: int = 13
-    dense_arch: tuple[int, ...] = (512, 256, 64)
-    over_arch: tuple[int, ...] = (512, 256, 1)
-    dcn_num_layers: int = 3
-    dcn_low_rank_dim: int = 512
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ConfigError(f"model: arch {self.arch!r} is not one of {', '.join(ARCHS)}")
-        if self.num_dense_features <= 0:
-            raise ConfigError("model: num_dense_features must be positive")
-        if not self.dense_arch or not self.over_arch or any(x <= 0 for x in (*self.dense_arch, *self.over_arch)):
-            raise ConfigError("model: dense_arch and over_arch need positive layer sizes")
-        if self.over_arch[-1] != 1:
-            raise ConfigError(f"model: over_arch must end in 1 (one logit), got {list(self.over_arch)}")
-        object.__setattr__(self, "dense_arch", tuple(self.dense_arch))
-        object.__setattr__(self, "over_arch", tuple(self.over_arch))
 
 
 def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
@@ -86,23 +63,3 @@ def build_model(
             dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim, dense_device=device,
         )
     return DLRMTrain(dlrm)
-
-
-def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> tuple[float, int]:
-    """Training FLOPs per sample (forward and twice that backward) and parameter count of the
-    dense part: bottom MLP, interaction and top MLP, as build_model lays them out."""
-    dim = tables[0].embedding_dim
-    bottom = [config.num_dense_features, *config.dense_arch] + ([] if config.dense_arch[-1] == dim else [dim])
-    features = len(tables) + 1
-    if config.arch == "dlrm":
-        interaction_flops = 2 * dim * features * (features - 1) // 2
-        top_in = dim + features * (features - 1) // 2
-        cross_params = 0
-    else:
-        top_in = dim * features
-        cross_params = config.dcn_num_layers * (2 * top_in * config.dcn_low_rank_dim + top_in)
-        interaction_flops = 2 * cross_params
-    top = [top_in, *config.over_arch]
-    mlp = sum(a * b for a, b in zip(bottom, bottom[1:])) + sum(a * b for a, b in zip(top, top[1:]))
-    params = mlp + sum(bottom[1:]) + sum(top[1:]) + cross_params
-    return 3.0 * (2 * mlp + interaction_flops), params

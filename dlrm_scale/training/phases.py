@@ -30,6 +30,7 @@ import time
 
 import torch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import NoWait
 
 PHASES = ("data", "input_dist", "emb_fwd", "a2a_fwd", "dense_fwd", "dense_bwd", "a2a_bwd", "emb_bwd_opt",
           "dense_allreduce", "optimizer", "tiering", "rest")
@@ -124,3 +125,24 @@ class TimedPipeline(TrainPipelineSparseDist):
     def _optimizer_step(self) -> None:
         super()._optimizer_step()
         self.timer.lap("optimizer")
+
+
+class PrefetchingPipeline(TimedPipeline):
+    """TorchRec's sparse-dist pipeline, plus: once the next batch's ids have reached this
+    rank, their missed rows are read in the background while the current batch trains."""
+
+    def __init__(self, model, optimizer, device, timer: PhaseTimer, tiered) -> None:
+        super().__init__(model, optimizer, device, timer)
+        self._tiered = tiered
+
+    def wait_sparse_data_dist(self, context) -> None:
+        super().wait_sparse_data_dist(context)
+        for module in self._pipelined_modules:
+            name = module.forward._name
+            request = context.input_dist_tensors_requests.get(name)
+            if request is None:
+                continue
+            dist_input = request.wait()
+            context.input_dist_tensors_requests[name] = NoWait(dist_input)
+            self._tiered.prefetch(module, dist_input)
+        self.timer.lap("tiering")

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from dlrm_scale.bridge.resident import embedding_kernels
+
 from dlrm_scale.training.model import table_of_key
 
 
@@ -65,8 +67,6 @@ def local_shard_state(
     column); cached shards (a dlrm_scale.tiering.TieredEmbeddings) are read from their stores.
     With `initial` (table name -> whole table), each shard's weights are first set from it:
     runs to be compared then start from the same tables. State is one row per table row."""
-    from dlrm_scale.tiering.runtime import embedding_kernels
-
     out = {}
     for (name, col), shard in (tiered.shards.items() if tiered is not None else []):
         cols = shard.weights.shape[1]

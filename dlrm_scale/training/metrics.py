@@ -1,0 +1,91 @@
+"""What a run reports: one JSON record per line in metrics.jsonl (and TensorBoard) on rank 0,
+and per logging window the loss, samples/s, comm bytes, memory and every rank's phases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dlrm_scale.training.comm_meter import CommMeter
+from dlrm_scale.training.phases import PHASES, PhaseTimer
+from planner.comm_volume import embedding_comm_bytes
+from planner.plan import Plan
+from planner.specs import TrainingSpec
+
+
+def resident_bytes() -> tuple[int, int]:
+    """This process's resident memory and its anonymous part (the rest is mapped files), bytes."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                fields[key] = int(value.split()[0]) * 1024
+    return fields.get("VmRSS", 0), fields.get("RssAnon", 0)
+
+
+class MetricsLog:
+    """metrics.jsonl and TensorBoard scalars, written by rank 0 only."""
+
+    def __init__(self, out_dir: Path, rank: int) -> None:
+        self.file = open(out_dir / "metrics.jsonl", "a") if rank == 0 else None
+        self.tensorboard = None
+        if rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(out_dir / "tensorboard"))
+
+    def log(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tensorboard.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.tensorboard.close()
+
+
+class WindowReport:
+    """The record of a logging window. Its time is its training steps' (the slowest rank's sum
+    of phases), so evaluation and checkpoints between windows never count."""
+
+    def __init__(self, plan: Plan, training: TrainingSpec, timer: PhaseTimer, meter: CommMeter, rank: int, world: int) -> None:
+        self.timer, self.meter, self.rank, self.world = timer, meter, rank, world
+        self.samples_per_step = training.batch_size_per_rank * world
+        b, fwd, bwd = training.batch_size_per_rank, training.fwd_comm_precision, training.bwd_comm_precision
+        self.predicted_bytes = int(embedding_comm_bytes(plan, b, fwd, bwd)[rank])
+        self.predicted_bytes_fp32 = int(embedding_comm_bytes(plan, b, "fp32", "fp32")[rank])
+        self.samples_per_s = 0.0
+
+    def record(self, step: int, losses: torch.Tensor) -> dict:
+        n = len(losses)
+        phases = self.timer.take()
+        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES)], dtype=torch.float64)
+        gathered = [torch.empty_like(stats) for _ in range(self.world)]
+        with self.meter.paused():  # bookkeeping, not the embeddings' traffic
+            dist.all_gather(gathered, stats)
+        per_rank = torch.stack(gathered)
+        step_ms = float(per_rank[:, 1:].sum(dim=1).max())
+        memory = torch.tensor(resident_bytes(), dtype=torch.int64)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        self.samples_per_s = self.samples_per_step * 1e3 / step_ms
+        emb_bytes, id_bytes = self.meter.reset()
+        return {
+            "step": step, "loss": float(per_rank[:, 0].mean()), "samples_per_s": self.samples_per_s,
+            # measured on this rank, per step: embeddings and their gradients, and ids
+            "comm_bytes": emb_bytes // n, "id_bytes": id_bytes // n,
+            # the plan's count (planner.comm_volume), at this precision and at fp32
+            "comm_bytes_predicted": self.predicted_bytes, "comm_bytes_fp32_predicted": self.predicted_bytes_fp32,
+            # the largest rank's resident memory now, and its anonymous part
+            "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
+            "step_ms": step_ms,
+            # per phase, ms per step on each rank (index = rank); the slowest rank's add up to step_ms
+            "phase_ms": {p: [round(float(v), 4) for v in per_rank[:, 1 + i]] for i, p in enumerate(PHASES)},
+        }

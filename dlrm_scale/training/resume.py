@@ -1,0 +1,76 @@
+"""Checkpoints in a run: saving at the steps due, resuming from the newest that verifies, and
+stopping on a non-finite loss with what is kept named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dlrm_scale.run_config import CheckpointConfig
+from dlrm_scale.training import checkpoint as ckpt
+from planner.errors import PlannerError
+
+NO_BAD_STEP = 2**62
+
+
+class TrainingError(PlannerError):
+    """Training cannot go on (a non-finite loss, say); the message says what is kept."""
+
+
+class Checkpoints:
+    def __init__(self, config: CheckpointConfig, model, optimizer, tiered, plan_digest: str, seed: int, rank: int) -> None:
+        self.config, self.model, self.optimizer, self.tiered = config, model, optimizer, tiered
+        self.meta = {"plan_digest": plan_digest, "seed": seed}
+        self.rank = rank
+
+    def due(self, step: int, last: bool) -> bool:
+        every = self.config.every_steps
+        return self.config.directory is not None and (last or bool(every and step % every == 0))
+
+    def save(self, step: int) -> Path:
+        return ckpt.save(self.config.directory, step, self.model, self.optimizer, self.meta, self.config.keep,
+                         self.tiered.save if self.tiered is not None else None)
+
+    def restore(self, steps: int) -> int:
+        """Load the newest checkpoint that verifies (or the one --resume-from names); the step
+        to go on from (0 when the directory holds none yet). A damaged checkpoint is skipped
+        with a line saying why; when none verifies, nothing is resumed."""
+        directory, resume_from = self.config.directory, self.config.resume_from
+        found = ckpt.candidates(directory, resume_from)
+        if not found:
+            self._say(f"no complete checkpoint in {directory} to resume from; starting at step 0")
+            return 0
+        for step, path in found:
+            damage = ckpt.verify(path)
+            if damage is None:
+                break
+            if resume_from is not None:
+                raise ckpt.CheckpointError(f"checkpoint {path} is damaged ({damage}); choose another with --resume-from")
+            self._say(f"skipping checkpoint {path}: it is damaged ({damage})")
+        else:
+            raise ckpt.CheckpointError(f"no checkpoint in {directory} verifies (the newest, {found[0][1].name}, is damaged); "
+                                       f"nothing was resumed: restore the directory or start afresh without --resume")
+        if step > steps:
+            raise ckpt.CheckpointError(f"checkpoint {path} is at step {step}, past --steps {steps}; raise --steps to train on")
+        meta = ckpt.load(path, self.model, self.optimizer)
+        if self.tiered is not None:
+            self.tiered.load(path)
+        self._say(f"resumed from {path} (step {meta['step']})")
+        return int(meta["step"])
+
+    def stop_on_bad_loss(self, local_bad_step: int) -> None:
+        """Every rank's first non-finite step (NO_BAD_STEP: none); stop, naming what is kept, if any."""
+        flag = torch.tensor([local_bad_step], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        bad_step = int(flag[0])
+        if bad_step == NO_BAD_STEP:
+            return
+        found = ckpt.complete_checkpoints(self.config.directory) if self.config.directory else []
+        kept = f"the newest good checkpoint is {found[-1][1]} (step {found[-1][0]})" if found else "no checkpoint was written"
+        raise TrainingError(f"loss is not finite at step {bad_step}; training stopped and {kept}; lower the learning rates")
+
+    def _say(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)
