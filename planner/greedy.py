@@ -222,72 +222,82 @@ def lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: n
 
 def local_search(assignment: Assignment, cluster: ClusterSpec, max_rounds: int = 2000) -> Assignment:
     """Move or swap free (any-rank) shards off the busiest rank while that lowers it."""
-    world = cluster.world_size
-    caps = rank_capacities(cluster)
-    loads = RankLoads.of(assignment, world)
-    free_on: dict[int, list[tuple[str, int]]] = {r: [] for r in range(world)}
-    for table, option in assignment.choice.items():
-        if option.placement is Placement.ANY_RANK:
-            for i, r in enumerate(assignment.shard_ranks[table]):
-                free_on[r].append((table, i))
-
-    def cost(item: tuple[str, int]) -> float:
-        return assignment.choice[item[0]].shard_ms[item[1]]
-
-    def relocate(item: tuple[str, int], src: int, dst: int) -> None:
-        table, i = item
-        need = _shard_bytes(assignment.choice[table], i)
-        c = cost(item)
-        loads.ms[src] -= c
-        loads.ms[dst] += c
-        loads.bytes[src] -= need
-        loads.bytes[dst] += need
-        free_on[src].remove(item)
-        free_on[dst].append(item)
-        assignment.shard_ranks[table][i] = dst
-
+    moves = _FreeShardMoves(assignment, cluster)
+    loads, world = moves.loads, cluster.world_size
     for _ in range(max_rounds):
         top = int(np.argmax(loads.ms))
-        peak = loads.ms[top]
-        improved = False
         for dst in np.argsort(loads.ms, kind="stable")[: min(world, 16)]:
             dst = int(dst)
             if dst == top:
                 continue
-            gap = peak - loads.ms[dst]
-            # a move helps when the shard is smaller than the gap; best is half the gap
-            best, best_gain = None, 0.0
-            for item in free_on[top]:
-                c = cost(item)
-                gain = peak - max(peak - c, loads.ms[dst] + c)
-                if gain > best_gain + 1e-12 and _fits(loads, caps, dst, _shard_bytes(assignment.choice[item[0]], item[1])):
-                    best, best_gain = (item, None), gain
-            for a in free_on[top]:
-                ca = cost(a)
-                if ca * 2 <= best_gain:
-                    continue
-                for b in free_on[dst]:
-                    delta = ca - cost(b)
-                    if delta <= 0 or delta >= gap:
-                        continue
-                    gain = peak - max(peak - delta, loads.ms[dst] + delta)
-                    if gain > best_gain + 1e-12:
-                        need_a = _shard_bytes(assignment.choice[a[0]], a[1])
-                        need_b = _shard_bytes(assignment.choice[b[0]], b[1])
-                        if np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(
-                            loads.bytes[top] - need_a + need_b <= caps
-                        ):
-                            best, best_gain = (a, b), gain
+            best = moves.best(top, dst)
             if best is not None:
                 a, b = best
-                relocate(a, top, dst)
+                moves.relocate(a, top, dst)
                 if b is not None:
-                    relocate(b, dst, top)
-                improved = True
+                    moves.relocate(b, dst, top)
                 break
-        if not improved:
+        else:
             break
     return assignment
+
+
+class _FreeShardMoves:
+    """The free shards on each rank, and the moves and swaps of them between two ranks."""
+
+    def __init__(self, assignment: Assignment, cluster: ClusterSpec) -> None:
+        self.assignment = assignment
+        self.caps = rank_capacities(cluster)
+        self.loads = RankLoads.of(assignment, cluster.world_size)
+        self.free_on: dict[int, list[tuple[str, int]]] = {r: [] for r in range(cluster.world_size)}
+        for table, option in assignment.choice.items():
+            if option.placement is Placement.ANY_RANK:
+                for i, r in enumerate(assignment.shard_ranks[table]):
+                    self.free_on[r].append((table, i))
+
+    def cost(self, item: tuple[str, int]) -> float:
+        return self.assignment.choice[item[0]].shard_ms[item[1]]
+
+    def need(self, item: tuple[str, int]) -> np.ndarray:
+        return _shard_bytes(self.assignment.choice[item[0]], item[1])
+
+    def relocate(self, item: tuple[str, int], src: int, dst: int) -> None:
+        c, need = self.cost(item), self.need(item)
+        self.loads.ms[src] -= c
+        self.loads.ms[dst] += c
+        self.loads.bytes[src] -= need
+        self.loads.bytes[dst] += need
+        self.free_on[src].remove(item)
+        self.free_on[dst].append(item)
+        self.assignment.shard_ranks[item[0]][item[1]] = dst
+
+    def best(self, top: int, dst: int) -> tuple | None:
+        """The move (shard, None) or swap (shard, shard) between the busiest rank `top` and
+        `dst` that lowers `top` most, or None."""
+        loads, caps = self.loads, self.caps
+        peak = loads.ms[top]
+        gap = peak - loads.ms[dst]
+        # a move helps when the shard is smaller than the gap; best is half the gap
+        best, best_gain = None, 0.0
+        for item in self.free_on[top]:
+            c = self.cost(item)
+            gain = peak - max(peak - c, loads.ms[dst] + c)
+            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)):
+                best, best_gain = (item, None), gain
+        for a in self.free_on[top]:
+            ca = self.cost(a)
+            if ca * 2 <= best_gain:
+                continue
+            for b in self.free_on[dst]:
+                delta = ca - self.cost(b)
+                if delta <= 0 or delta >= gap:
+                    continue
+                gain = peak - max(peak - delta, loads.ms[dst] + delta)
+                if gain > best_gain + 1e-12:
+                    need_a, need_b = self.need(a), self.need(b)
+                    if np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(loads.bytes[top] - need_a + need_b <= caps):
+                        best, best_gain = (a, b), gain
+        return best
 
 
 def refine_by_splitting(

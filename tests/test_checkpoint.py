@@ -76,7 +76,7 @@ def _load_under(rank, world, ckpt_dir, scheme):
     from dlrm_scale.training.state import full_tables
 
     trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, uniform_plan(scheme, world))
-    step = trainer.restore()
+    step = trainer.checkpoints.restore(trainer.config.steps)
     return step, full_tables(trainer.model)
 
 
@@ -128,7 +128,7 @@ def _save_states(rank, world, ckpt_dir, data_parallel):
 
 def _load_states(rank, world, ckpt_dir, data_parallel):
     trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, dp_plan(world, data_parallel))
-    trainer.restore()
+    trainer.checkpoints.restore(trainer.config.steps)
     return row_states(trainer)
 
 
@@ -192,9 +192,9 @@ def _resume_each_damaged(rank, world, root):
                 shutil.copytree(root / "ck", case, ignore=shutil.ignore_patterns(".lock"))
                 _damage(case / newest.name / name, kind)
             dist.barrier()
-            trainer.checkpoint = dataclasses.replace(trainer.checkpoint, directory=case)
+            trainer.checkpoints.config = dataclasses.replace(trainer.checkpoints.config, directory=case)
             try:
-                outcomes[(name, kind)] = trainer.restore()
+                outcomes[(name, kind)] = trainer.checkpoints.restore(trainer.config.steps)
             except CheckpointError as e:
                 outcomes[(name, kind)] = str(e)
             dist.barrier()
@@ -212,9 +212,9 @@ def test_every_flipped_or_truncated_file_is_detected_and_the_older_checkpoint_re
 
 def _resume_from(rank, world, ck, resume_from, steps):
     trainer = make_trainer(rank, world, str(Path(ck) / "o3"), ck, steps, True, every_scheme_plan(problem()))
-    trainer.checkpoint = __import__("dataclasses").replace(trainer.checkpoint, resume_from=resume_from)
+    trainer.checkpoints.config = __import__("dataclasses").replace(trainer.checkpoints.config, resume_from=resume_from)
     try:
-        return trainer.restore()
+        return trainer.checkpoints.restore(trainer.config.steps)
     except CheckpointError as e:
         return str(e)
 

@@ -111,19 +111,8 @@ class SetAssociativeCache:
         if n_miss == 0:
             return Assignment(slots, empty, empty, empty, empty)
 
-        # Victims per touched set: ways in eviction order, locked (hit this batch) ones last.
         touched, miss_group = torch.unique(miss_sets, return_inverse=True)
-        tags = self.tags[touched]
-        if self.frequency is not None:
-            freq = torch.where(tags >= 0, self.frequency[tags.clamp(min=0)].to(torch.int64), torch.full_like(tags, -1))
-            priority = (freq << 32) + self.last_used[touched]
-        else:
-            priority = self.last_used[touched].clone()
-        priority[tags == EMPTY] = -1
-        locked = self.last_used[touched] == self.clock
-        priority[locked] = torch.iinfo(torch.int64).max
-        order = torch.argsort(priority, dim=1, stable=True)
-        available = W - locked.sum(1)
+        order, available = self._victims(touched)
 
         # k-th miss of a set takes the set's k-th victim
         by_set = torch.argsort(miss_group, stable=True)
@@ -160,6 +149,20 @@ class SetAssociativeCache:
         evicted = old >= 0
         self.counters.evictions += int(evicted.sum())
         return Assignment(slots, miss_ids, miss_slots, old[evicted], placed_slots[evicted])
+
+    def _victims(self, sets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per set: its ways in eviction order (empty first, then by the policy; ways hit this
+        batch are locked and come last) and how many ways are not locked."""
+        tags = self.tags[sets]
+        if self.frequency is not None:
+            freq = torch.where(tags >= 0, self.frequency[tags.clamp(min=0)].to(torch.int64), torch.full_like(tags, -1))
+            priority = (freq << 32) + self.last_used[sets]
+        else:
+            priority = self.last_used[sets].clone()
+        priority[tags == EMPTY] = -1
+        locked = self.last_used[sets] == self.clock
+        priority[locked] = torch.iinfo(torch.int64).max
+        return torch.argsort(priority, dim=1, stable=True), self.ways - locked.sum(1)
 
     def cached_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every cached row and its slot (overflow included)."""

@@ -1,0 +1,91 @@
+"""The layers of docs/architecture.md, enforced: no module imports from a layer above its own
+(imports inside functions included), and the torch-free modules stay torch-free."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first; a module may import from its own layer and those before it.
+LAYERS = [
+    ("planner",),
+    ("dlrm_scale.run_config",),
+    ("dlrm_scale.kernels",),
+    ("dlrm_scale.bridge",),
+    ("dlrm_scale.tiering",),
+    ("dlrm_scale.training",),
+    ("dlrm_scale.tools",),
+    ("dlrm_scale.cli", "dlrm_scale.train"),
+]
+TORCH_FREE = ["planner", "planner.planning", "planner.report", "planner.scoring", "planner.comm_volume", "planner.explain",
+              "planner.diff", "dlrm_scale.run_config", "dlrm_scale.training.flags", "dlrm_scale.tools.simulate"]
+TORCH = ("torch", "torchrec", "fbgemm_gpu")
+
+
+def layer_of(module: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module} is in no layer; add it to docs/architecture.md and LAYERS")
+
+
+def modules() -> list[tuple[str, Path]]:
+    out = []
+    for package in ("planner", "dlrm_scale"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if name.endswith(".__init__"):
+                name = name[: -len(".__init__")]
+            if name != "dlrm_scale":
+                out.append((name, path))
+    return out
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {m for m in found if m.split(".")[0] in ("planner", "dlrm_scale")}
+
+
+def violations(name: str, path: Path) -> list[str]:
+    own, known = layer_of(name), {m for m, _ in modules()}
+    out = []
+    for imported in sorted(imports(path)):
+        target = imported if imported in known else imported.rpartition(".")[0]  # a name from a module
+        if target in known and layer_of(target) > own:
+            out.append(f"{name} (layer {own}) imports {target} (layer {layer_of(target)})")
+    return out
+
+
+@pytest.mark.parametrize("name, path", modules(), ids=[m for m, _ in modules()])
+def test_no_module_imports_from_a_layer_above(name, path):
+    assert violations(name, path) == []
+
+
+def test_the_planner_imports_nothing_of_the_training_stack():
+    for name, path in modules():
+        if name.startswith("planner"):
+            assert not any(m.startswith("dlrm_scale") for m in imports(path)), name
+
+
+def test_a_layer_violation_is_caught(tmp_path):
+    """The check itself: a tiering module importing the trainer, even inside a function, is named."""
+    module = tmp_path / "runtime.py"
+    module.write_text("def f():\n    from dlrm_scale.training import trainer\n    from planner.plan import Plan\n")
+    assert "dlrm_scale.tiering.runtime (layer 4) imports dlrm_scale.training.trainer (layer 5)" in violations(
+        "dlrm_scale.tiering.runtime", module)
+
+
+def test_torch_free_modules_import_without_torch():
+    code = (f"import sys; import {', '.join(TORCH_FREE)}; "
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {TORCH!r}); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
