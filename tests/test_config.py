@@ -81,3 +81,32 @@ def test_tables_csv_errors_name_file_and_line(tmp_path: Path):
         load_tables_csv(f)
     with pytest.raises(ConfigError, match="does not exist"):
         load_tables_csv(tmp_path / "missing.csv")
+
+
+def test_one_run_config_from_a_config_and_flags(tmp_path: Path):
+    from dlrm_scale.run_config import Overrides, load_run_config
+
+    run = load_run_config("configs/tiny.yaml")
+    assert run.batch_size_per_rank == run.problem.training.batch_size_per_rank == 256  # its one home
+    assert run.model.dense_arch == (32, 16) and run.train.log_every == 100
+    flags = Overrides(world_size=4, ranks_per_node=2, batch_size=64, comm_precision="fwd=fp16,bwd=bf16", steps=7,
+                      deterministic=True, hbm_gb=1.5)
+    run = load_run_config("configs/tiny.yaml", flags)
+    c, t = run.problem.cluster, run.problem.training
+    assert (c.world_size, c.num_nodes, c.hbm_bytes_per_rank) == (4, 2, int(1.5 * 1024**3))
+    assert (t.batch_size_per_rank, t.fwd_comm_precision, t.bwd_comm_precision) == (64, "fp16", "bf16")
+    assert (run.train.steps, run.train.deterministic, run.train.log_every) == (7, True, 1)
+    # without a config (--tables alone) every section takes its defaults, the batch from its one default
+    csv = tmp_path / "t.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,10,8,1\n")
+    from planner.specs import DEFAULT_BATCH_SIZE_PER_RANK
+
+    assert load_run_config(None, Overrides(tables_csv=str(csv))).batch_size_per_rank == DEFAULT_BATCH_SIZE_PER_RANK
+
+
+def test_the_planner_alone_reads_only_its_own_sections():
+    from planner.config import load_problem as planner_load_problem
+
+    with pytest.raises(ConfigError, match="unknown key 'model'"):
+        planner_load_problem("configs/tiny.yaml")
+    assert planner_load_problem("configs/tiny.yaml", other_sections=("model", "train")).cluster.world_size == 2

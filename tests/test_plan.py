@@ -119,3 +119,26 @@ def test_cached_tables_carry_their_tier_cache_rows_and_load_factor(tmp_path):
     broken = corrupt(doc, lambda d: d["tables"]["big"].update(cache_load_factor=1.5))
     with pytest.raises(PlanFormatError, match=r"cache_load_factor 1.5 must be in \(0, 1\]"):
         Plan.from_dict(broken)
+
+
+def test_a_plan_records_the_inputs_it_was_made_for():
+    from dataclasses import replace
+
+    from planner.plan import check_plan_inputs
+    from planner.plan_inputs import PlanInputs
+
+    problem = make_problem([table("a", 100_000, 32, 4.0), table("b", 1000, 32)], make_cluster(), batch=512)
+    plan = make_plan(problem, config=SolverConfig(time_limit_s=2))
+    assert plan.inputs == PlanInputs.of(problem) and plan.inputs.batch_size_per_rank == 512
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).inputs == plan.inputs
+    check_plan_inputs(plan, problem)
+    # more or less memory is a planning choice; a faster link prices every option anew
+    roomier = replace(problem, cluster=replace(problem.cluster, hbm_bytes_per_rank=2 * problem.cluster.hbm_bytes_per_rank))
+    check_plan_inputs(plan, roomier)
+    faster = replace(problem, cluster=replace(problem.cluster, intra_node_gb_per_s=2 * problem.cluster.intra_node_gb_per_s))
+    with pytest.raises(PlanFormatError, match="priced with hardware profile .* before a re-calibration"):
+        check_plan_inputs(plan, faster)
+    other_batch = replace(problem, training=replace(problem.training, batch_size_per_rank=256))
+    with pytest.raises(PlanFormatError, match="made for batch_size_per_rank 512, this run has 256"):
+        check_plan_inputs(plan, other_batch)
+    check_plan_inputs(replace(plan, inputs=None), other_batch)  # a plan written by hand records none

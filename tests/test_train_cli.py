@@ -133,3 +133,16 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path
     from dlrm_scale.training.checkpoint import complete_checkpoints
 
     assert complete_checkpoints(ck)[-1][0] == kept
+
+
+def test_plan_made_for_another_batch_is_refused_before_torchrun(tmp_path: Path):
+    plan = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", "configs/tiny.yaml", "--out", str(plan)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", "configs/tiny.yaml",
+                        "--plan", str(plan), "--batch-size", "128", "--out-dir", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: plan {plan} does not fit this run: it was made for batch_size_per_rank 256, "
+                                             f"this run has 128; re-plan for it with 'dlrm-scale plan'"]
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()

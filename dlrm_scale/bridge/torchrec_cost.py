@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -28,6 +29,7 @@ from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.bridge.sharding import from_sharding_plan
 from planner.cost_model import OptionRequest
 from planner.plan import Plan
+from planner.plan_inputs import PlanInputs
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec
 from planner.types import Perf, ShardCost, ShardingOption, Storage
 
@@ -150,4 +152,4 @@ def torchrec_planner_plan(problem: PlanningProblem) -> tuple[Plan, float]:
     shapes = {t.name: (t.num_embeddings, t.embedding_dim) for t in problem.tables}
     cluster = problem.cluster
     plan = from_sharding_plan(sharding_plan, shapes, cluster.world_size, cluster.ranks_per_node, cluster.device)
-    return plan, seconds
+    return replace(plan, inputs=PlanInputs.of(problem)), seconds

@@ -31,7 +31,7 @@ from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBa
 from dlrm_scale.bridge.resident import embedding_kernels
 from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
-from planner.cost_model import optimizer_state_bytes
+from planner.cost_model import rows_bytes
 from planner.errors import ConfigError
 from planner.plan import Plan, PlannedShard
 
@@ -47,7 +47,7 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
     """Before training: the SSD directory exists, is writable and has room for the shards of
     `ranks` kept there. One line naming the directory and the fix otherwise."""
     needed = sum(
-        s.rows * s.cols * 4 + optimizer_state_bytes(s.rows, s.cols, optimizer)
+        rows_bytes(s.rows, s.cols, optimizer)
         for t in plan.tables.values() if t.cached for s in t.shards if s.tier == "ssd" and s.rank in ranks
     )
     if needed == 0:

@@ -1,7 +1,11 @@
-"""What a training run is built from, for a plan: the sharded model (DMP over the plan through
-the bridge, embedding optimizers fused into the backward), the optimizers, and the data."""
+"""What a training run is built from, for a plan: the CPU kernels, the sharded model (DMP over
+the plan through the bridge, embedding optimizers fused into the backward), its memory tiers
+and initial weights, the optimizers, and the data."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -10,17 +14,57 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrm_scale.bridge.resident import resident_tables
+from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
+from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 from dlrm_scale.bridge.sharders import sharder_for
 from dlrm_scale.bridge.sharding import to_sharding_plan
 from dlrm_scale.run_config import ModelConfig, RunConfig
+from dlrm_scale.tiering.runtime import TieredEmbeddings, TieringRuntime
 from dlrm_scale.training.criteo import criteo_data
 from dlrm_scale.training.data import SyntheticData
+from dlrm_scale.training.initial_weights import initialise_embeddings
 from dlrm_scale.training.model import EMBEDDING_MODULE_PATH, build_model, table_of_key
+from dlrm_scale.training.phases import PhaseTimer, instrument
 from dlrm_scale.training.table_optimizer import ReplicatedTables, fused_optimizer
 from planner.plan import Plan
 from planner.specs import PlanningProblem
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out synthetic batches: another seed
+
+
+@dataclass
+class Parts:
+    model: DistributedModelParallel
+    timer: PhaseTimer  # laps of every phase, hooked into the model
+    tiered: TieredEmbeddings | None  # CPU memory tiers of cached tables
+    optimizer: CombinedOptimizer
+    data: object
+    eval_data: object
+    cpu_kernel: object | None  # our row-wise Adagrad kernel, installed while the run lasts
+
+
+def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, data_path: str | None,
+                initialise: bool) -> Parts:
+    """Everything a run trains with, on this rank; tables at their initial weights when
+    `initialise` (a resume loads them instead)."""
+    train = run.train
+    ours_on_cpu = device.type == "cpu" and train.cpu_embeddings == "dlrm_scale"
+    cpu_kernel = install_cpu_adagrad(run.problem.training.embedding_optimizer) if ours_on_cpu else None
+    model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir, train.interaction)
+    timer = PhaseTimer()
+    instrument(model, timer)
+    tiered = None
+    if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
+        runtime = TieringRuntime(Path(train.store_dir) if train.store_dir else None, run.tiering.policy,
+                                 prefetch_thread=train.prefetch_thread)
+        tiered = TieredEmbeddings(model, plan, rank, runtime)
+    if initialise:
+        initialise_embeddings(model, {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}, train.seed, tiered)
+    if ours_on_cpu:
+        on_huge, large = back_with_huge_pages(model)
+        if rank == 0 and large:
+            print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
+    return Parts(model, timer, tiered, build_optimizer(model, run), *build_data(run, data_path, rank, world), cpu_kernel)
 
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,

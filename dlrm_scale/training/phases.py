@@ -146,3 +146,42 @@ class PrefetchingPipeline(TimedPipeline):
             context.input_dist_tensors_requests[name] = NoWait(dist_input)
             self._tiered.prefetch(module, dist_input)
         self.timer.lap("tiering")
+
+
+class TimedStep:
+    """A step without the pipeline (plain forward, backward, optimizer step), lapping the same
+    phases; the pipelines' interface, so the loop drives either."""
+
+    def __init__(self, model, optimizer, device, timer: PhaseTimer) -> None:
+        self.model, self.optimizer, self.device, self.timer = model, optimizer, device, timer
+
+    def progress(self, batches) -> tuple[torch.Tensor, None, None]:
+        timer = self.timer
+        timer.lap("rest")
+        batch = next(batches).to(self.device)
+        timer.lap("data")
+        loss, _ = self.model(batch)
+        timer.lap("dense_fwd")
+        self.optimizer.zero_grad()
+        timer.lap("rest")
+        loss.backward()
+        timer.lap("dense_allreduce")
+        self.optimizer.step()
+        timer.lap("optimizer")
+        return loss.detach(), None, None
+
+    def detach(self) -> None:
+        pass
+
+    def attach(self) -> None:
+        pass
+
+
+def step_runner(pipeline: bool, model, optimizer, device, timer: PhaseTimer, tiered=None):
+    """TorchRec's sparse-dist pipeline (reading cached tables' missed rows ahead when there are
+    any), or plain steps."""
+    if not pipeline:
+        return TimedStep(model, optimizer, device, timer)
+    if tiered is not None:
+        return PrefetchingPipeline(model, optimizer, device, timer, tiered)
+    return TimedPipeline(model, optimizer, device, timer)

@@ -11,9 +11,11 @@ step's `data` phase (dlrm_scale.training.phases).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
+import time
 from typing import Iterator
 
 from torchrec.datasets.utils import Batch
@@ -82,3 +84,23 @@ def materialise(source: Iterator[Batch], num_steps: int, budget_bytes: int) -> t
     if batch_bytes(first) * num_steps > budget_bytes:
         return itertools.chain([first], source), False
     return iter([first, *source]), True
+
+
+@contextlib.contextmanager
+def batch_source(batches: Iterator[Batch], count: int, materialise_mib: int, prefetch_batches: int, rank: int = 0):
+    """`count` batches made before the loop where they fit `materialise_mib` per rank, else
+    `prefetch_batches` ahead by a worker thread (stopped on exit), else inline."""
+    held = False
+    if materialise_mib:
+        started = time.perf_counter()
+        batches, held = materialise(batches, count, materialise_mib << 20)
+        if held and rank == 0:
+            print(f"rank 0: made the run's {count} batches in {time.perf_counter() - started:.1f} s", flush=True)
+    if held or not prefetch_batches:
+        yield batches
+        return
+    prefetcher = Prefetcher(batches, prefetch_batches)
+    try:
+        yield prefetcher
+    finally:
+        prefetcher.close()

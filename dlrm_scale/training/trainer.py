@@ -3,26 +3,21 @@ metrics, checkpoints and evaluation on their schedules."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
-from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 from dlrm_scale.run_config import RunConfig
-from dlrm_scale.tiering.runtime import TieredEmbeddings, TieringRuntime
 from dlrm_scale.training import checkpoint as ckpt
-from dlrm_scale.training.build import build_data, build_optimizer, build_sharded_model
+from dlrm_scale.training.build import build_parts
 from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.evaluation import evaluate
-from dlrm_scale.training.initial_weights import initialise_embeddings
 from dlrm_scale.training.lr_schedule import LRSchedule
 from dlrm_scale.training.metrics import MetricsLog, WindowReport
-from dlrm_scale.training.phases import PhaseTimer, PrefetchingPipeline, TimedPipeline, instrument
-from dlrm_scale.training.prefetch import Prefetcher, materialise
+from dlrm_scale.training.phases import step_runner
+from dlrm_scale.training.prefetch import batch_source
 from dlrm_scale.training.resume import NO_BAD_STEP, Checkpoints
 from planner.plan import Plan
 
@@ -35,28 +30,13 @@ class Trainer:
         if train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(train.seed)
-        ours_on_cpu = device.type == "cpu" and train.cpu_embeddings == "dlrm_scale"
-        self.cpu_kernel = install_cpu_adagrad(run.problem.training.embedding_optimizer) if ours_on_cpu else None
-        self.model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir,
-                                         train.interaction)
-        self.timer = PhaseTimer()
-        instrument(self.model, self.timer)
-        self.tiered = None
-        if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
-            runtime = TieringRuntime(Path(train.store_dir) if train.store_dir else None, run.tiering.policy,
-                                     prefetch_thread=train.prefetch_thread)
-            self.tiered = TieredEmbeddings(self.model, plan, rank, runtime)
         # a resume loads every table from the checkpoint: writing their initial rows first would be wasted
         directory = run.checkpoint.directory
-        if not (resume and directory and ckpt.complete_checkpoints(directory)):
-            initialise_embeddings(self.model, {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables},
-                                  train.seed, self.tiered)
-        if ours_on_cpu:
-            on_huge, large = back_with_huge_pages(self.model)
-            self._say(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages" if large else "")
-        self.optimizer = build_optimizer(self.model, run)
+        initialise = not (resume and directory and ckpt.complete_checkpoints(directory))
+        parts = build_parts(run, plan, device, rank, world, data_path, initialise)
+        self.model, self.timer, self.tiered, self.optimizer = parts.model, parts.timer, parts.tiered, parts.optimizer
+        self.data, self.eval_data, self.cpu_kernel = parts.data, parts.eval_data, parts.cpu_kernel
         self.lr_schedule = LRSchedule(self.optimizer, train)
-        self.data, self.eval_data = build_data(run, data_path, rank, world)
         self.meter = CommMeter()
         self.metrics = MetricsLog(out_dir, rank)
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
@@ -89,48 +69,13 @@ class Trainer:
         cfg = self.config
         self.model.train()
         count = cfg.steps - start_step
-        batches = self.data.batches(start_step, count)
-        held = False
-        if cfg.materialise_mib:
-            started = time.perf_counter()
-            batches, held = materialise(batches, count, cfg.materialise_mib << 20)
-            self._say(f"rank 0: made the run's {count} batches in {time.perf_counter() - started:.1f} s" if held else "")
-        if not held and cfg.prefetch_batches:
-            batches = Prefetcher(batches, cfg.prefetch_batches)
-        try:
+        with batch_source(self.data.batches(start_step, count), count, cfg.materialise_mib, cfg.prefetch_batches,
+                          self.rank) as batches:
             self._loop(start_step, batches)
-        finally:
-            if isinstance(batches, Prefetcher):
-                batches.close()
-
-    def _pipeline(self):
-        if not self.config.pipeline:
-            return None
-        if self.tiered is not None:
-            return PrefetchingPipeline(self.model, self.optimizer, self.device, self.timer, self.tiered)
-        return TimedPipeline(self.model, self.optimizer, self.device, self.timer)
-
-    def _step(self, pipeline, batches) -> torch.Tensor:
-        """One training step; the loss, detached and not read (reading it would be a host sync on a GPU)."""
-        if pipeline is not None:
-            return pipeline.progress(batches)[0]  # DLRMTrain's (loss, logits, labels), detached
-        timer = self.timer
-        timer.lap("rest")
-        batch = next(batches).to(self.device)
-        timer.lap("data")
-        loss, _ = self.model(batch)
-        timer.lap("dense_fwd")
-        self.optimizer.zero_grad()
-        timer.lap("rest")
-        loss.backward()
-        timer.lap("dense_allreduce")
-        self.optimizer.step()
-        timer.lap("optimizer")
-        return loss.detach()
 
     def _loop(self, start_step: int, batches) -> None:
         cfg = self.config
-        pipeline = self._pipeline()
+        pipeline = step_runner(cfg.pipeline, self.model, self.optimizer, self.device, self.timer, self.tiered)
         self._cache_before = self.tiered.counters() if self.tiered is not None else {}
         losses: list[torch.Tensor] = []
         first, bad_step = start_step, NO_BAD_STEP
@@ -139,7 +84,7 @@ class Trainer:
         progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
         for step in range(start_step, cfg.steps):
             self.lr_schedule.step(step)
-            losses.append(self._step(pipeline, batches))
+            losses.append(pipeline.progress(batches)[0])  # the loss, detached and not read (a host sync on a GPU)
             progress.update(1)
             done, last = step + 1, step == cfg.steps - 1
             due_checkpoint = self.checkpoints.due(done, last)
@@ -179,14 +124,13 @@ class Trainer:
             tqdm.write(f"step {step}/{self.config.steps} loss {record['loss']:.4f} {record['samples_per_s']:,.0f} samples/s")
 
     def _evaluate(self, step: int, pipeline, resume_training: bool) -> dict:
-        if pipeline is not None:
-            pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
+        pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
         with self.meter.paused():
             record = {"step": step, **evaluate(self.model, self.eval_data, self.config.eval_batches, self.device, self.world)}
         self.metrics.log(record)
         self._say(f"eval at step {step}: AUC {record['auc']:.4f} logloss {record['logloss']:.4f}")
         self.model.train()
-        if pipeline is not None and resume_training:
+        if resume_training:
             pipeline.attach()
         return record
 
