@@ -11,7 +11,7 @@ import pytest
 from torchrec.distributed.planner.utils import placement as torchrec_placement
 
 from dlrm_scale.bridge.qcomms import COMM_TYPES, qcomm_codecs_registry
-from dlrm_scale.bridge.sharding import from_sharding_plan, to_sharding_plan
+from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.sharders import sharder_for
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec

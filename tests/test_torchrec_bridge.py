@@ -2,7 +2,7 @@ import pytest
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from dlrm_scale.bridge.sharding import from_sharding_plan, to_sharding_plan
+from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
 from dlrm_scale.run_config import load_problem
 from planner.plan import Plan, check_geometry, table_layout

@@ -26,7 +26,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder
-from dlrm_scale.bridge.sharding import from_sharding_plan
+from dlrm_scale.bridge.sharding_plan import from_sharding_plan
 from planner.cost_model import OptionRequest
 from planner.plan import Plan
 from planner.plan_inputs import PlanInputs

@@ -28,7 +28,7 @@ class CacheTooSmallError(RuntimeError):
 
 
 @dataclass
-class Assignment:
+class SlotAssignment:
     """What one batch does to the cache. Slots index the cache's rows, 0..capacity-1."""
 
     slots: torch.Tensor  # slot of each requested id, in the order given
@@ -90,7 +90,7 @@ class SetAssociativeCache:
         self.slot_of[ids] = EMPTY
         return ids, self.sets * self.ways + torch.arange(len(ids))
 
-    def assign(self, ids: torch.Tensor) -> Assignment:
+    def assign(self, ids: torch.Tensor) -> SlotAssignment:
         """Make the distinct `ids` (sorted, as torch.unique gives them) resident; call
         take_overflow() first. Returns where each lives and what moves."""
         self.clock += 1
@@ -109,7 +109,7 @@ class SetAssociativeCache:
         self.counters.misses += n_miss
         empty = torch.empty(0, dtype=torch.int64)
         if n_miss == 0:
-            return Assignment(slots, empty, empty, empty, empty)
+            return SlotAssignment(slots, empty, empty, empty, empty)
 
         touched, miss_group = torch.unique(miss_sets, return_inverse=True)
         order, available = self._victims(touched)
@@ -148,7 +148,7 @@ class SetAssociativeCache:
 
         evicted = old >= 0
         self.counters.evictions += int(evicted.sum())
-        return Assignment(slots, miss_ids, miss_slots, old[evicted], placed_slots[evicted])
+        return SlotAssignment(slots, miss_ids, miss_slots, old[evicted], placed_slots[evicted])
 
     def _victims(self, sets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per set: its ways in eviction order (empty first, then by the policy; ways hit this

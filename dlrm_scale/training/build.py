@@ -17,7 +17,7 @@ from dlrm_scale.bridge.resident import resident_tables
 from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 from dlrm_scale.bridge.sharders import sharder_for
-from dlrm_scale.bridge.sharding import to_sharding_plan
+from dlrm_scale.bridge.sharding_plan import to_sharding_plan
 from dlrm_scale.run_config import ModelConfig, RunConfig
 from dlrm_scale.tiering.runtime import TieredEmbeddings, TieringRuntime
 from dlrm_scale.training.criteo import criteo_data
