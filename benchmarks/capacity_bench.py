@@ -1,6 +1,8 @@
 """Capacity benchmark: thousands of generated planning problems (CPU and CUDA, 1-8 ranks, one
-to eight tables, memory from far too little to plenty, tiering on and off, every solver path),
-each planned and its plan re-checked against every tier of every rank from the shards alone.
+to eight tables, memory from far too little to plenty, tiering on and off, every solver path,
+a quarter under a user's constraints: a rule on some tables and a memory reserve), each planned
+and its plan re-checked against every tier of every rank from the shards alone, and against
+every rule.
 
     python benchmarks/capacity_bench.py [--problems 2000] [--seed 0]
 
@@ -24,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 
-from tests.capacity_problems import cases, overfilled, plan_or_refusal  # noqa: E402
+from tests.capacity_problems import broken_rule, cases, overfilled, plan_or_refusal  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "capacity.json"
 
@@ -51,8 +53,9 @@ def main() -> int:
         if isinstance(outcome, Exception):
             counts[f"{device} refused"] += 1
             return
-        problem = overfilled(outcome, case.problem)
+        problem = overfilled(outcome, case.problem) or broken_rule(outcome, case.problem)
         counts[f"{device} {'violations' if problem else 'planned'}"] += 1
+        counts[f"{device} constrained plans"] += case.problem.constraints is not None
         counts[f"{device} cached plans"] += any(t.cached for t in outcome.tables.values())
         if problem:
             violations.append(f"{device}: {problem}")

@@ -24,6 +24,13 @@ def worth_caching(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec
     return tiering.enabled and bool(cluster.backing_tiers) and size > tiering.min_table_fraction * fast
 
 
+def _kept_off_device(table: TableSpec, problem: PlanningProblem) -> bool:
+    """A table whose constraints keep its rows off the device tier is cached however small."""
+    tiering, cluster = problem.tiering, problem.cluster
+    return (problem.constraints is not None and tiering.enabled and bool(cluster.backing_tiers)
+            and problem.constraints.excludes_tier(table.name, cluster.device_tier))
+
+
 def option_requests(
     table: TableSpec,
     cluster: ClusterSpec,
@@ -70,7 +77,7 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
     cluster = problem.cluster
     int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
     accesses = {
-        t.name: table_access(t, problem) if worth_caching(t, cluster, problem.training, problem.tiering) else None
+        t.name: table_access(t, problem) if worth_caching(t, cluster, problem.training, problem.tiering) or _kept_off_device(t, problem) else None
         for t in problem.tables
     }
     representative: dict[tuple, TableSpec] = {}
@@ -91,6 +98,8 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
         options = [o for o in costed[sig] if fits_one_rank(o, cluster)]
         if not options:
             _raise_too_large(table, costed[sig], cluster)
+        if problem.constraints is not None:
+            options = problem.constraints.allowed(table.name, options)
         result[table.name] = [o if o.table == table.name else replace(o, table=table.name) for o in options]
     return result
 

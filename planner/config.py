@@ -20,13 +20,14 @@ import yaml
 
 from planner.errors import ConfigError
 from planner.access_stats import load_stats
+from planner.constraints import constrain
 from planner.specs import GIB, MAX_COUNT, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
 DEFAULT_HARDWARE = "a100_zionex"
 
-PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering")
+PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering", "constraints")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
 # Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
 PROFILE_KEYS = {
@@ -328,7 +329,8 @@ def problem_from_doc(
         unknown = sorted(set(access) - {t.name for t in tables})
         if unknown:
             raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
-    return PlanningProblem(tuple(tables), cluster, training, tiering, access)
+    problem = PlanningProblem(tuple(tables), cluster, training, tiering, access)
+    return constrain(problem, config["constraints"]) if config.get("constraints") is not None else problem
 
 
 def _tables(config: dict[str, Any], where: str, base: Path, tables_csv: str | Path | None) -> list[TableSpec]:

@@ -5,17 +5,19 @@ left where it is (`dlrm-scale explain`).
 Forcing an alternative removes the table's shards from their ranks and places the
 alternative's as the planner would (every rank, one node's ranks, or longest shard first onto
 the least-loaded rank with room); the figure is the busiest rank of the plan that results, or
-the tier that runs out of memory.
+the tier that runs out of memory. Options the config's constraints forbid are forced too, and
+say which constraint forbids them: the price of that constraint.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.assignment import RankLoads, rank_capacities
 from planner.candidates import enumerate_options
+from planner.constraints import Constraints
 from planner.cost_model import CostModel
 from planner.greedy import lpt_into
 from planner.plan import Plan
@@ -111,6 +113,12 @@ def force(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: 
     return Forced(option, ranks, float(ms.max()), f"binds on rank {busiest}")
 
 
+def forbidden_or(forced: Forced, constraints: Constraints | None, table: str) -> Forced:
+    """`forced`, saying which constraint forbids its option where one does."""
+    rule = constraints.forbidding(table, forced.option) if constraints is not None else None
+    return forced if rule is None else replace(forced, binds=f"forbidden by {rule.describe()}")
+
+
 def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: str | None = None) -> Explanation:
     cluster = problem.cluster
     costed = dict(costed_options(plan, problem, cost_model))
@@ -128,14 +136,15 @@ def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: 
                     phases[key] += getattr(shard.perf, f"{key}_ms")
     caps = rank_capacities(cluster)
     names = [table] if table is not None else list(plan.tables)
-    options = enumerate_options(problem, cost_model)
+    # every option, those the constraints forbid included: forcing one shows what the constraint costs
+    options = enumerate_options(replace(problem, constraints=None), cost_model)
     explained = []
     for name in names:
         chosen, ranks = costed[name], plan.tables[name].ranks
         others = RankLoads(loads.ms.copy(), loads.bytes.copy())
         others.add(chosen, ranks, sign=-1)
         # every option, the chosen one included: re-placed, it shows whether the table sits well
-        forced = [force(o, others, caps, cluster) for o in options[name]]
+        forced = [forbidden_or(force(o, others, caps, cluster), problem.constraints, name) for o in options[name]]
         forced = [f for f in forced if not (same_layout(f.option, chosen) and f.ranks == ranks)]
         forced.sort(key=lambda f: (f.max_rank_ms is None, f.max_rank_ms or 0.0))
         explained.append(TableExplanation(name, chosen, ranks, on_critical.get(name, 0.0), forced[:ALTERNATIVES_SHOWN]))

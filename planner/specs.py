@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from planner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from planner.constraints import Constraints
 
 
 class CommPrecision(str, Enum):
@@ -262,6 +266,7 @@ class PlanningProblem:
     training: TrainingSpec
     tiering: TieringSpec = TieringSpec()
     access: dict = field(default_factory=dict, repr=False, compare=False)  # table name -> access_stats.TableAccess
+    constraints: Constraints | None = None  # the user's (planner.constraints); None: none
     tables_by_name: dict[str, TableSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 from planner.config import build_cluster, cluster_fields, hardware_path, read_yaml
 from planner.cost_model import rows_bytes, shard_storage_bytes
 from planner.schemes import cache_rows
-from planner.errors import PlannerError
+from planner.constraints import constrain
+from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
 from planner.solver import SolverConfig
-from planner.specs import PlanningProblem, TableSpec, TieringSpec, TrainingSpec
-from planner.types import TIERS
+from planner.specs import GIB, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.types import TIERS, ShardingType
 
 PROFILES = {"cpu": "cpu_gloo", "cuda": "a100_zionex"}
 SOLVER_PATHS = {  # (class_model_max_variables, joint_model_max_booleans)
@@ -66,7 +67,28 @@ def cases(draw) -> Case:
     )
     class_max, joint_max = SOLVER_PATHS[draw(st.sampled_from(sorted(SOLVER_PATHS)))]
     solver = SolverConfig(time_limit_s=0.5, class_model_max_variables=class_max, joint_model_max_booleans=joint_max)
-    return Case(PlanningProblem(tables, build_cluster(profile, sizes), training, tiering, {}), solver)
+    problem = PlanningProblem(tables, build_cluster(profile, sizes), training, tiering, {})
+    if draw(st.integers(0, 3)) == 0:  # a user's constraints: a rule on some tables and a memory reserve
+        device_tier = problem.cluster.device_tier
+        rule = {"match": draw(st.sampled_from(["t0", "t*", "t1*"])) if count > 1 else "t0",
+                "schemes": draw(st.lists(st.sampled_from([s.value for s in ShardingType]), min_size=1, max_size=4, unique=True)),
+                "max_shards": draw(st.sampled_from([1, 2, 8]))}
+        reserve = {device_tier: per_rank * draw(st.sampled_from([0.0, 0.1, 0.4])) / GIB}
+        try:
+            problem = constrain(problem, {"tables": [rule], "reserve_gib_per_rank": reserve})
+        except ConfigError:
+            pass  # a reserve past the tier (a one-line refusal too); plan unconstrained
+    return Case(problem, solver)
+
+
+def broken_rule(plan: Plan, problem: PlanningProblem) -> str | None:
+    """The first table whose layout a constraint forbids, in words; None when every rule holds."""
+    for rule in problem.constraints.rules if problem.constraints else ():
+        for name, t in plan.tables.items():
+            if rule.applies_to(name) and ((rule.schemes and t.sharding_type not in rule.schemes)
+                                          or (rule.max_shards and len(t.shards) > rule.max_shards)):
+                return f"table {name} is {t.sharding_type} x{len(t.shards)} against {rule.describe()}"
+    return None
 
 
 def plan_bytes_per_rank(plan: Plan, problem: PlanningProblem) -> np.ndarray:

@@ -12,7 +12,7 @@ from dlrm_scale.run_config import load_problem
 from planner.errors import PlannerBugError
 from planner.planning import make_plan
 from planner.types import Storage
-from tests.capacity_problems import cases, overfilled, plan_or_refusal
+from tests.capacity_problems import broken_rule, cases, overfilled, plan_or_refusal
 
 ISSUE_CONFIG = """\
 hardware: cpu_gloo
@@ -40,12 +40,14 @@ def test_six_tables_four_times_ddr_go_to_ssd_behind_caches(tmp_path):
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(cases())
 def test_every_plan_fits_every_tier_or_the_planner_says_what_it_lacks(case):
+    """...and keeps every constraint (a rule on tables; the reserve is off the capacities)."""
     outcome = plan_or_refusal(case)
     if isinstance(outcome, Exception):
         message = str(outcome)
         assert message and "\n" not in message
         return
     assert overfilled(outcome, case.problem) is None
+    assert broken_rule(outcome, case.problem) is None
 
 
 def test_the_last_check_refuses_an_overfull_plan(tmp_path):
