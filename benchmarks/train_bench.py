@@ -53,7 +53,7 @@ def _run(config: str, steps: int, planner: str, precision: str, plan: str | None
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
             "--config", config, "--steps", str(steps), "--planner", planner,
             "--comm-precision", f"fwd={precision},bwd={precision}" if precision != "fp16/bf16" else "fwd=fp16,bwd=bf16",
-            "--out-dir", out, "--seed", str(seed), *(["--plan", plan] if plan else []),
+            "--out-dir", out, "--seed", str(seed), *(["--plan", plan, "--ignore-plan-inputs"] if plan else []),  # one layout, every precision
         ]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
         if proc.returncode != 0:

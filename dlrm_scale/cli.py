@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import math
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from planner.plan import Plan
 from planner.planning import make_plan
 from planner.report import format_plan, plot_plan
 from planner.solver import SolverConfig
+from planner.specs import OPTIMIZER_STATE
+
+OPTIMIZERS = tuple(OPTIMIZER_STATE)
 
 
 def check_output_file(flag: str, path: str | None) -> None:
@@ -49,6 +53,8 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--ranks-per-node", type=int)
     p.add_argument("--hbm-gb", type=float, help="HBM per rank given to embeddings, GiB")
     p.add_argument("--batch-size", type=int, help="per rank")
+    p.add_argument("--comm-precision", help="what the embedding collectives will send, e.g. fwd=fp16,bwd=bf16")
+    p.add_argument("--embedding-optimizer", choices=OPTIMIZERS, help="the embedding tables' optimizer (its state takes memory)")
     p.add_argument("--device", choices=["cuda", "cpu"])
     p.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, seconds (default 10)")
     p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
@@ -315,7 +321,7 @@ def node_count(nnodes: str) -> int | None:
 
 def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     """The trainer's flag, config and plan checks, run here so a mistake is one line, not a torchrun report."""
-    from dlrm_scale.training.flags import check_job, local_device, parse_args
+    from dlrm_scale.training.flags import PLAN_INPUTS_FIX, check_job, local_device, parse_args
 
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
@@ -325,11 +331,14 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     job = check_job(trainer_args, device)
     if trainer_args.plan and nodes:
         from dlrm_scale.train import check_plan_runs
-        from planner.plan import check_plan_inputs
+        from planner.plan import check_plan_inputs, check_plan_tables
 
         run = job.on_cluster(args.nproc_per_node * nodes, args.nproc_per_node, device)
         plan = Plan.load(trainer_args.plan)
-        check_plan_inputs(plan, run.problem, f"plan {trainer_args.plan}")
+        if trainer_args.ignore_plan_inputs:
+            check_plan_tables(plan, run.problem)
+        else:
+            check_plan_inputs(plan, run.problem, f"plan {trainer_args.plan}", PLAN_INPUTS_FIX)
         # on one node this machine holds every rank's SSD rows
         check_plan_runs(plan, run, device, list(range(args.nproc_per_node)) if nodes == 1 else [])
     from dlrm_scale.training.checkpoint import JobLock
@@ -358,6 +367,8 @@ def run_train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):  # `dlrm-scale diff ... | head`: end quietly, as Unix tools do
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = argparse.ArgumentParser(prog="dlrm-scale", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_plan_parser(sub)

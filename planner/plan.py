@@ -341,7 +341,7 @@ def check_plan_tables(plan: Plan, problem: PlanningProblem) -> None:
         raise PlanFormatError(f"plan has table '{sorted(extra)[0]}' that the model lacks; re-plan for this config")
 
 
-def check_plan_inputs(plan: Plan, problem: PlanningProblem, source: str = "plan") -> None:
+def check_plan_inputs(plan: Plan, problem: PlanningProblem, source: str = "plan", fix: str = "re-plan for it with 'dlrm-scale plan'") -> None:
     """check_plan_tables, then the inputs the plan records against the run's (a plan written by
     hand records none): a plan priced for another run is refused, naming what differs."""
     check_plan_tables(plan, problem)
@@ -349,4 +349,4 @@ def check_plan_inputs(plan: Plan, problem: PlanningProblem, source: str = "plan"
         return
     why = plan.inputs.mismatch(PlanInputs.of(problem))
     if why:
-        raise PlanFormatError(f"{source} does not fit this run: {why}; re-plan for it with 'dlrm-scale plan'")
+        raise PlanFormatError(f"{source} does not fit this run: {why}; {fix}")

@@ -84,3 +84,12 @@ def test_profile_writes_stats_that_plan_reads(tmp_path: Path):
     stats.write_text(json.dumps(doc))
     r = cli("plan", "configs/tiny.yaml", "--stats", str(stats), "--out", str(out))
     assert r.returncode == 2 and r.stderr.strip().endswith("describes table 'nope' that the config does not have; profile this config")
+
+
+def test_output_cut_short_by_a_pipe_ends_quietly(tmp_path):
+    """More output than a pipe buffers (a line per table of 3,000), read by `head -1`."""
+    tables = tmp_path / "t.csv"
+    tables.write_text("name,num_embeddings,embedding_dim,pooling_factor\n" + "".join(f"table_{i},100,8,1\n" for i in range(3000)))
+    r = subprocess.run(f"{sys.executable} -m dlrm_scale.cli plan --tables {tables} --hardware cpu_gloo --world-size 2 "
+                       f"--time-limit 1 --out {tmp_path / 'p.json'} | head -1", shell=True, capture_output=True, text=True)
+    assert r.stdout.strip() and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr[-500:]

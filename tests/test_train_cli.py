@@ -12,6 +12,7 @@ import pytest
 from dlrm_scale.run_config import TrainConfig, parse_comm_precision
 from dlrm_scale.training.lr_schedule import lr_factor
 from planner.errors import ConfigError
+from planner.plan import Plan
 
 
 def torchrun(*args, timeout=180):
@@ -144,5 +145,16 @@ def test_plan_made_for_another_batch_is_refused_before_torchrun(tmp_path: Path):
                         "--plan", str(plan), "--batch-size", "128", "--out-dir", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: plan {plan} does not fit this run: it was made for batch_size_per_rank 256, "
-                                             f"this run has 128; re-plan for it with 'dlrm-scale plan'"]
+                                             f"this run has 128; re-plan for it with 'dlrm-scale plan', or pass --ignore-plan-inputs "
+                                             f"to train it anyway"]
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+    # on purpose (one layout at another batch): it trains, saying what differs
+    r = torchrun("--config", "configs/tiny.yaml", "--plan", str(plan), "--batch-size", "128", "--ignore-plan-inputs",
+                 "--steps", "4", "--out-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"warning: training plan {plan} though it was made for batch_size_per_rank 256, this run has 128" in r.stdout
+    # and a plan can be made for the run in the first place
+    r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", "configs/tiny.yaml", "--batch-size", "128",
+                        "--comm-precision", "fwd=fp16,bwd=bf16", "--out", str(plan)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert Plan.load(plan).inputs.fwd_comm_precision == "fp16" and Plan.load(plan).inputs.batch_size_per_rank == 128

@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm_scale.train", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML config (tables, training, model, train sections)")
     p.add_argument("--plan", help="plan JSON from 'dlrm-scale plan'; default: plan on rank 0 at start")
+    p.add_argument("--ignore-plan-inputs", action="store_true",
+                   help="train --plan though it was made for other inputs (another batch, precision or profile), e.g. to "
+                        "compare precisions on one layout; what differs is printed (its tables and world size must still fit)")
     p.add_argument("--planner", choices=["ours", "torchrec"], default="ours",
                    help="who plans at start when no --plan is given (torchrec: its EmbeddingShardingPlanner)")
     p.add_argument("--steps", type=int)
@@ -77,11 +80,16 @@ class TrainJob:
     data_path: str | None  # Criteo data; None: synthetic
     out_dir: Path
     resume: bool
+    ignore_plan_inputs: bool = False
 
     def on_cluster(self, world_size: int, ranks_per_node: int, device: str) -> RunConfig:
         """The run config on the job's real cluster (torchrun's ranks, torch's device)."""
         given = replace(self.overrides, world_size=world_size, ranks_per_node=ranks_per_node, device=device)
         return load_run_config(self.config_path, given, self.run.checkpoint)
+
+
+# What the trainer says to do with a plan made for other inputs.
+PLAN_INPUTS_FIX = "re-plan for it with 'dlrm-scale plan', or pass --ignore-plan-inputs to train it anyway"
 
 
 def writable_dir(flag: str, path: Path) -> None:
@@ -118,7 +126,7 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     writable_dir("--out-dir", Path(args.out_dir))
     resume = args.resume or args.resume_from is not None
     return TrainJob(run, overrides, args.config, args.plan, args.planner, args.data_path if args.data == "criteo" else None,
-                    Path(args.out_dir), resume)
+                    Path(args.out_dir), resume, args.ignore_plan_inputs)
 
 
 def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
