@@ -321,7 +321,7 @@ def node_count(nnodes: str) -> int | None:
 
 def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     """The trainer's flag, config and plan checks, run here so a mistake is one line, not a torchrun report."""
-    from dlrm_scale.training.flags import PLAN_INPUTS_FIX, check_job, local_device, parse_args
+    from dlrm_scale.training.flags import check_given_plan, check_job, local_device, parse_args
 
     if args.nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
@@ -331,14 +331,10 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     job = check_job(trainer_args, device)
     if trainer_args.plan and nodes:
         from dlrm_scale.train import check_plan_runs
-        from planner.plan import check_plan_inputs, check_plan_tables
 
         run = job.on_cluster(args.nproc_per_node * nodes, args.nproc_per_node, device)
         plan = Plan.load(trainer_args.plan)
-        if trainer_args.ignore_plan_inputs:
-            check_plan_tables(plan, run.problem)
-        else:
-            check_plan_inputs(plan, run.problem, f"plan {trainer_args.plan}", PLAN_INPUTS_FIX)
+        check_given_plan(plan, job, run)  # what --ignore-plan-inputs lets differ, the trainer says
         # on one node this machine holds every rank's SSD rows
         check_plan_runs(plan, run, device, list(range(args.nproc_per_node)) if nodes == 1 else [])
     from dlrm_scale.training.checkpoint import JobLock

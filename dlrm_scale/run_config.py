@@ -15,11 +15,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from planner.config import (DEFAULT_HARDWARE, PLANNER_SECTIONS, check_keys, hardware_path, problem_from_doc, read_yaml,
-                            section_dataclass)
+from planner.config import DEFAULT_HARDWARE, PLANNER_SECTIONS, hardware_path, problem_from_doc, read_yaml, section_dataclass
 from planner.config import load_problem as planner_load_problem
 from planner.errors import ConfigError
-from planner.specs import GIB, PRECISION_ELEMENT_BYTES, PlanningProblem, TieringSpec
+from planner.specs import GIB, PRECISION_ELEMENT_BYTES, PlanningProblem, TieringSpec, check_keys
 
 RUN_SECTIONS = ("model", "train")
 ARCHS = ("dlrm", "dcnv2")

@@ -18,10 +18,9 @@ import torch.distributed as dist
 from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig
 from dlrm_scale.tiering.runtime import check_store_directory
-from dlrm_scale.training.flags import PLAN_INPUTS_FIX, TrainJob, check_job, parse_args
+from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from planner.errors import ConfigError, PlannerError
-from planner.plan import Plan, check_plan_inputs, check_plan_tables
-from planner.plan_inputs import PlanInputs
+from planner.plan import Plan
 from planner.planning import make_plan
 from planner.schemes import check_precisions_trainable
 
@@ -64,11 +63,7 @@ def obtain_plan(job: TrainJob, run: RunConfig, rank: int) -> Plan:
     one made on rank 0 and broadcast."""
     if job.plan_path:
         plan = Plan.load(job.plan_path)
-        if not job.ignore_plan_inputs:
-            check_plan_inputs(plan, run.problem, f"plan {job.plan_path}", PLAN_INPUTS_FIX)
-            return plan
-        check_plan_tables(plan, run.problem)
-        why = plan.inputs.mismatch(PlanInputs.of(run.problem)) if plan.inputs is not None else None
+        why = check_given_plan(plan, job, run)
         if why and rank == 0:
             print(f"warning: training plan {job.plan_path} though {why} (--ignore-plan-inputs)", flush=True)
         return plan

@@ -12,23 +12,23 @@ from planner.access_stats import TableAccess, table_access
 from planner.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
 from planner.errors import InfeasiblePlanError
 from planner.schemes import CACHEABLE, ROW_SCHEMES, compute_kernel_for, shard_counts, shard_geometry
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TieringSpec
 from planner.types import TIERS, ShardingOption, ShardingType
 
 MIN_CACHE_BATCHES = 2  # smaller caches evict rows the same batch needs (and overflow)
 
 
-def worth_caching(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec, tiering: TieringSpec) -> bool:
+def worth_caching(table: TableSpec, problem: PlanningProblem) -> bool:
+    """Whether cached options are offered for `table`: tiering is on, a slower tier exists, and
+    the table is large against device memory or its constraints keep its rows off the device."""
+    cluster, tiering = problem.cluster, problem.tiering
+    if not (tiering.enabled and cluster.backing_tiers):
+        return False
+    if problem.constraints is not None and problem.constraints.excludes_tier(table.name, cluster.device_tier):
+        return True
     fast = cluster.capacity_bytes_per_rank(cluster.device_tier)
-    size = rows_bytes(table.num_embeddings, table.embedding_dim, training.embedding_optimizer)
-    return tiering.enabled and bool(cluster.backing_tiers) and size > tiering.min_table_fraction * fast
-
-
-def _kept_off_device(table: TableSpec, problem: PlanningProblem) -> bool:
-    """A table whose constraints keep its rows off the device tier is cached however small."""
-    tiering, cluster = problem.tiering, problem.cluster
-    return (problem.constraints is not None and tiering.enabled and bool(cluster.backing_tiers)
-            and problem.constraints.excludes_tier(table.name, cluster.device_tier))
+    size = rows_bytes(table.num_embeddings, table.embedding_dim, problem.training.embedding_optimizer)
+    return size > tiering.min_table_fraction * fast
 
 
 def option_requests(
@@ -76,10 +76,7 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
     """
     cluster = problem.cluster
     int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
-    accesses = {
-        t.name: table_access(t, problem) if worth_caching(t, cluster, problem.training, problem.tiering) or _kept_off_device(t, problem) else None
-        for t in problem.tables
-    }
+    accesses = {t.name: table_access(t, problem) if worth_caching(t, problem) else None for t in problem.tables}
     representative: dict[tuple, TableSpec] = {}
     for table in problem.tables:
         representative.setdefault(_signature(table, accesses[table.name]), table)

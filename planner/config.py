@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-import difflib
 import re
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -21,7 +20,7 @@ import yaml
 from planner.errors import ConfigError
 from planner.access_stats import load_stats
 from planner.constraints import constrain
-from planner.specs import GIB, MAX_COUNT, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.specs import GIB, MAX_COUNT, check_keys, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HARDWARE_DIR = CONFIG_DIR / "hardware"
@@ -103,15 +102,6 @@ def _is_kind(value: Any, kind: tuple[str, type]) -> bool:
     if kind[1] is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, str)
-
-
-def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
-    allowed = list(allowed)
-    for key in given:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
-            raise ConfigError(f"{where}: unknown key {str(key)!r}; {hint}")  # repr: a key may hold a newline
 
 
 def read_text(path: Path, what: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.schemes import KERNELS
-from planner.specs import GIB, MAX_COUNT, PlanningProblem, short_repr
+from planner.specs import GIB, MAX_COUNT, PlanningProblem, check_keys, short_repr
 from planner.types import TIERS, ShardingOption, ShardingType
 
 RULE_KEYS = ("match", "schemes", "kernels", "tiers", "max_shards")
@@ -52,8 +52,6 @@ class TableRule:
         where = f"constraints: tables[{index}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where} must be a mapping with 'match' and what the tables may use")
-        from planner.config import check_keys  # the loader's did-you-mean
-
         check_keys(entry, RULE_KEYS, where)
         match = entry.get("match")
         if not isinstance(match, str) or not match:
@@ -94,8 +92,6 @@ class Constraints:
             return cls()
         if not isinstance(section, dict):
             raise ConfigError("constraints must be a mapping with 'tables' and/or 'reserve_gib_per_rank'")
-        from planner.config import check_keys
-
         check_keys(section, ("tables", RESERVE_KEY), "constraints")
         entries = section.get("tables") or []
         if not isinstance(entries, list):

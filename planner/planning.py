@@ -10,7 +10,7 @@ from planner.cost_model import AnalyticCostModel, CostModel
 from planner.errors import InfeasiblePlanError
 from planner.plan import Plan, PlannedShard, RankPlan, TablePlan
 from planner.plan_inputs import PlanInputs
-from planner.schemes import COLUMN_SCHEMES, ROW_SCHEMES, cache_rows
+from planner.schemes import cache_rows
 from planner.solver import Solution, SolverConfig, solve
 from planner.specs import PlanningProblem
 from planner.types import Perf, Storage
@@ -62,11 +62,8 @@ def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model:
             shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier, cache))
             perf[rank] = perf[rank] + shard.perf
             memory[rank] = memory[rank] + shard.storage
-        first = option.geometries[0]
-        rows = sum(g.rows for g in option.geometries) if option.sharding_type in ROW_SCHEMES else first.rows
-        cols = sum(g.cols for g in option.geometries) if option.sharding_type in COLUMN_SCHEMES else first.cols
-        tables[table.name] = TablePlan(option.sharding_type.value, option.compute_kernel, rows, cols, tuple(shards),
-                                       option.cache_fraction if cached else None)
+        tables[table.name] = TablePlan(option.sharding_type.value, option.compute_kernel, table.num_embeddings,
+                                       table.embedding_dim, tuple(shards), option.cache_fraction if cached else None)
     rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
     return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
                 max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,

@@ -10,7 +10,6 @@ from planner.specs import GIB
 from planner.types import TIERS
 
 
-
 def format_plan(plan: Plan, max_rank_rows: int = 16, max_table_rows: int = 32) -> str:
     lines = []
     mix = Counter(t.sharding_type for t in plan.tables.values())

@@ -6,9 +6,10 @@ names the field and the fix, so bad input never reaches the cost model or the so
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from planner.errors import ConfigError
 
@@ -70,6 +71,16 @@ def short_repr(value) -> str:
     """A value for a one-line message: thousands of digits are not."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def check_keys(given: Iterable[str], allowed: Iterable[str], where: str) -> None:
+    """Refuse the first key of `given` not in `allowed`, suggesting the closest one."""
+    allowed = list(allowed)
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(allowed)}"
+            raise ConfigError(f"{where}: unknown key {str(key)!r}; {hint}")  # repr: a key may hold a newline
 
 
 @dataclass(frozen=True)

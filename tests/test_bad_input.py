@@ -11,7 +11,7 @@ import pytest
 from dlrm_scale.training.checkpoint import candidates, read_meta
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
-from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config, parse_comm_precision
+from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config
 from planner.config import load_tables_csv, section_dataclass
 from planner.errors import PlannerError
 from planner.plan import Plan, check_plan_inputs, check_plan_tables, table_layout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 
 from planner.errors import ConfigError

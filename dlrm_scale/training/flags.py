@@ -11,7 +11,8 @@ from pathlib import Path
 
 from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.errors import ConfigError
-from planner.plan import Plan
+from planner.plan import Plan, check_plan_inputs, check_plan_tables
+from planner.plan_inputs import PlanInputs
 from planner.schemes import TRAINABLE_EMBEDDING_OPTIMIZERS, check_precisions_trainable
 
 DESCRIPTION = """Training entry point, launched with torchrun:
@@ -92,6 +93,16 @@ class TrainJob:
 PLAN_INPUTS_FIX = "re-plan for it with 'dlrm-scale plan', or pass --ignore-plan-inputs to train it anyway"
 
 
+def check_given_plan(plan: Plan, job: TrainJob, run: RunConfig) -> str | None:
+    """`--plan` against the run: its tables and world size always, the inputs it was made for
+    unless --ignore-plan-inputs, which returns what differs (None: nothing) for the caller to say."""
+    if not job.ignore_plan_inputs:
+        check_plan_inputs(plan, run.problem, f"plan {job.plan_path}", PLAN_INPUTS_FIX)
+        return None
+    check_plan_tables(plan, run.problem)
+    return plan.inputs.mismatch(PlanInputs.of(run.problem)) if plan.inputs is not None else None
+
+
 def writable_dir(flag: str, path: Path) -> None:
     """Make `path` (a directory the job writes into) and prove it takes a file, before any work."""
     try:
@@ -111,7 +122,8 @@ def local_device() -> str:
 def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     """Every flag and config value the trainer reads, validated where it is read."""
     overrides = Overrides.from_args(args)
-    checkpoint = _checkpoint_config(args)
+    resume = args.resume or args.resume_from is not None
+    checkpoint = _checkpoint_config(args, resume)
     run = load_run_config(args.config, overrides, checkpoint)
     training = run.problem.training
     check_precisions_trainable({}, training.fwd_comm_precision, training.bwd_comm_precision, device or local_device())
@@ -124,13 +136,11 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     if args.plan is not None:
         Plan.load(args.plan)
     writable_dir("--out-dir", Path(args.out_dir))
-    resume = args.resume or args.resume_from is not None
     return TrainJob(run, overrides, args.config, args.plan, args.planner, args.data_path if args.data == "criteo" else None,
                     Path(args.out_dir), resume, args.ignore_plan_inputs)
 
 
-def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
-    resume = args.resume or args.resume_from is not None
+def _checkpoint_config(args: argparse.Namespace, resume: bool) -> CheckpointConfig:
     if resume and not args.checkpoint_dir:
         raise ConfigError(f"{'--resume-from' if args.resume_from else '--resume'} needs --checkpoint-dir")
     if resume and not Path(args.checkpoint_dir).is_dir():

@@ -42,19 +42,14 @@ class Trainer:
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered,
                                        ckpt.plan_digest(plan.to_dict()), train.seed, rank)
-        self.store_dir = Path(train.store_dir) if train.store_dir and self.tiered is not None else None
-
-    def _say(self, line: str) -> None:
-        if self.rank == 0 and line:
-            print(line, flush=True)
 
     def run(self) -> None:
         locks = []
         if self.rank == 0:  # one job per directory: a second job's saves or rows would interleave with ours
             if self.checkpoints.config.directory:
                 locks.append(ckpt.JobLock(self.checkpoints.config.directory))
-            if self.store_dir is not None:
-                locks.append(ckpt.JobLock(self.store_dir, "store directory"))
+            if self.config.store_dir and self.tiered is not None:
+                locks.append(ckpt.JobLock(Path(self.config.store_dir), "store directory"))
         try:
             start = self.checkpoints.restore(self.config.steps) if self.resume else 0
             with self.meter.attached():
@@ -128,7 +123,8 @@ class Trainer:
         with self.meter.paused():
             record = {"step": step, **evaluate(self.model, self.eval_data, self.config.eval_batches, self.device, self.world)}
         self.metrics.log(record)
-        self._say(f"eval at step {step}: AUC {record['auc']:.4f} logloss {record['logloss']:.4f}")
+        if self.rank == 0:
+            print(f"eval at step {step}: AUC {record['auc']:.4f} logloss {record['logloss']:.4f}", flush=True)
         self.model.train()
         if resume_training:
             pipeline.attach()
