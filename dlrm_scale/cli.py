@@ -62,6 +62,9 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--out", required=True, help="plan JSON to write")
     p.add_argument("--plot", help="PNG of per-rank cost and memory")
     p.add_argument("--compare", choices=["torchrec"], help="also run TorchRec's planner and compare")
+    p.add_argument("--from", dest="from_plan", metavar="OLD.json",
+                   help="replan from the plan a model trains under, moving few bytes (prints the front of bytes moved against step time)")
+    p.add_argument("--max-move-gb", type=float, help="with --from: the most GiB of weights and optimizer state the new plan may move")
 
 
 def add_train_parser(sub) -> None:
@@ -257,6 +260,11 @@ def run_plan(args: argparse.Namespace) -> int:
     check_output_file("--plot", args.plot)
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise ConfigError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    if args.max_move_gb is not None and (args.from_plan is None or not (math.isfinite(args.max_move_gb) and args.max_move_gb >= 0)):
+        raise ConfigError("--max-move-gb takes a non-negative number of GiB, with --from OLD.json")
+    old = Plan.load(args.from_plan) if args.from_plan else None
+    if old is not None and args.compare:
+        raise ConfigError("--compare plans from scratch; drop it or --from")
     problem = load_run_config(args.config, Overrides.from_args(args)).problem
     solver = SolverConfig(time_limit_s=args.time_limit)
     cost_model = None
@@ -265,7 +273,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
         cost_model = TorchRecCostModel(problem)
     start = time.perf_counter()
-    plan = make_plan(problem, cost_model, solver)
+    if old is not None:
+        plan = replan_from(problem, old, cost_model, solver, args.max_move_gb, Path(args.out))
+    else:
+        plan = make_plan(problem, cost_model, solver)
     seconds = time.perf_counter() - start
     out = Path(args.out)
     plan.save(out)
@@ -279,6 +290,24 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.compare:
         print(compare_with_torchrec(problem, plan, seconds))
     return 0
+
+
+def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_gb: float | None, out: Path) -> Plan:
+    """The plan `--from` gives: within `max_move_gb`, the fastest found; without it, the front
+    printed and written beside OUT (OUT.front-K.json), OUT itself the fastest point."""
+    from planner.replan import GIB, replan
+
+    front = replan(problem, old, cost_model, solver, None if max_move_gb is None else int(max_move_gb * GIB))
+    print(front.format())
+    if max_move_gb is None:
+        for k, point in enumerate(front.points):
+            path = out.with_name(f"{out.stem}.front-{k}{out.suffix}")
+            point.plan.save(path)
+            print(f"wrote {path} ({point.moved_bytes / GIB:.3f} GiB moved, busiest rank {point.plan.max_rank_ms:.4f} ms)")
+    best = min(front.points, key=lambda p: (p.plan.max_rank_ms, p.moved_bytes))
+    print(f"{best.moved_bytes / GIB:.3f} GiB of {front.model_bytes / GIB:.3f} GiB move ({best.moved_bytes / front.model_bytes:.1%}); "
+          f"busiest rank {best.plan.max_rank_ms:.4f} ms, unconstrained {front.free.plan.max_rank_ms:.4f} ms")
+    return best.plan
 
 
 def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:

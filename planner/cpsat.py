@@ -2,7 +2,9 @@
 placement repair over a few ranks at a time (large-neighbourhood search) for large ones.
 
 Times are scaled to integers in units of `unit_ms`, rounded down, and bytes to KiB (demands
-rounded up, capacities down, so an integer-feasible answer is feasible in bytes too).
+rounded up, capacities down, so an integer-feasible answer is feasible in bytes too). Pinned
+shards get a variable only for the ranks they may use; a keep-apart group is, per rank, at
+most one of its tables present.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.assignment import Assignment, RankLoads, rank_capacities
+from planner.placement_rules import RankRules
 from planner.specs import ClusterSpec
 from planner.types import TIERS, Placement, ShardingOption
 
@@ -72,9 +75,10 @@ def solve_joint(
     seed: int,
     known_bound_ms: float = 0.0,
     relative_gap: float = 0.0,
+    rules: RankRules = RankRules(),
 ) -> JointResult | None:
     """Choose one option per table and a rank for every shard, minimising the busiest rank
-    under every rank's capacity in every tier. Returns None if no solution was found."""
+    under every rank's capacity in every tier and `rules`. Returns None if no solution was found."""
     world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
     tiers = [t for t in TIERS if any(s.storage.of_tier(t) for opts in options_by_table.values() for o in opts for s in o.shards)]
     caps = {t: cluster.capacity_bytes_per_rank(t) // KIB for t in tiers}
@@ -82,8 +86,11 @@ def solve_joint(
     load = [[] for _ in range(world)]  # (coefficient, literal) per rank
     mem = {t: [[] for _ in range(world)] for t in tiers}
     decode = []  # (table, option, choose, per-shard {rank: literal} or node literals)
+    present: dict[tuple[str, int], list] = {}  # (kept-apart table, rank) -> literals putting a shard there
 
-    def charge(rank: int, shard, lit) -> None:
+    def charge(rank: int, shard, lit, table: str) -> None:
+        if table in rules.apart:
+            present.setdefault((table, rank), []).append(lit)
         load[rank].append((_ticks(shard.perf.total_ms, unit_ms), lit))
         for t in tiers:
             b = shard.storage.of_tier(t)
@@ -97,14 +104,14 @@ def solve_joint(
             chooses.append(choose)
             if o.placement is Placement.EVERY_RANK:
                 for r, shard in enumerate(o.shards):
-                    charge(r, shard, choose)
+                    charge(r, shard, choose, table)
                 decode.append((table, o, choose, None))
             elif o.placement is Placement.NODE_RANKS:
-                at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+                at = _node_literals(model, table, k, o, rules, local, nodes)
                 model.Add(sum(at) == choose)
                 for n in range(nodes):
                     for i, shard in enumerate(o.shards):
-                        charge(n * local + i, shard, at[n])
+                        charge(n * local + i, shard, at[n], table)
                 decode.append((table, o, choose, ("node", at)))
             else:
                 on_node = None
@@ -113,15 +120,16 @@ def solve_joint(
                     model.Add(sum(on_node) == choose)
                 per_shard = []
                 for i, shard in enumerate(o.shards):
-                    x = [model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world)]
-                    model.Add(sum(x) == choose)
-                    for r in range(world):
-                        charge(r, shard, x[r])
+                    x = {r: model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world) if rules.may_use(table, r)}
+                    model.Add(sum(x.values()) == choose)
+                    for r, lit in x.items():
+                        charge(r, shard, lit, table)
                         if on_node is not None:
-                            model.AddImplication(x[r], on_node[r // local])
+                            model.AddImplication(lit, on_node[r // local])
                     per_shard.append(x)
                 decode.append((table, o, choose, ("shards", per_shard)))
         model.AddExactlyOne(chooses)
+    keep_apart(model, present, rules, range(world))
 
     horizon = sum(max(_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
     # A bound proven elsewhere lets the search stop once it is within `relative_gap` of it.
@@ -145,7 +153,7 @@ def solve_joint(
                 model.AddHint(lit, bool(ranks) and ranks[0] // local == n)
         else:
             for i, x in enumerate(lits):
-                for r, lit in enumerate(x):
+                for r, lit in x.items():
                     model.AddHint(lit, bool(ranks) and ranks[i] == r)
 
     solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
@@ -163,8 +171,32 @@ def solve_joint(
             node = next(n for n, lit in enumerate(extra[1]) if solver.BooleanValue(lit))
             out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
         else:
-            out.shard_ranks[table] = [next(r for r, lit in enumerate(x) if solver.BooleanValue(lit)) for x in extra[1]]
+            out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in extra[1]]
     return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
+
+
+def _node_literals(model: cp_model.CpModel, table: str, k: int, option: ShardingOption, rules: RankRules, local: int, nodes: int) -> list:
+    """A literal per node for a table-row-wise option, fixed false on nodes whose ranks the table may not use."""
+    at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+    for n, lit in enumerate(at):
+        if not all(rules.may_use(table, n * local + i) for i in range(len(option.shards))):
+            model.Add(lit == 0)
+    return at
+
+
+def keep_apart(model: cp_model.CpModel, present: dict[tuple[str, int], list], rules: RankRules, ranks) -> None:
+    """Per keep-apart group and rank, at most one of its tables has shards there."""
+    there = {}
+    for (table, rank), lits in present.items():
+        y = model.NewBoolVar(f"y[{table},{rank}]")
+        for lit in lits:
+            model.AddImplication(lit, y)
+        there[table, rank] = y
+    for tables in rules.members().values():
+        for rank in ranks:
+            ys = [there[t, rank] for t in tables if (t, rank) in there]
+            if len(ys) > 1:
+                model.AddAtMostOne(ys)
 
 
 def repair_placement(
@@ -176,6 +208,7 @@ def repair_placement(
     wall_deadline_s: float,
     seed: int,
     neighbourhood: int = 8,
+    rules: RankRules = RankRules(),
 ) -> Assignment:
     """Large-neighbourhood search: repeatedly free the any-rank shards on the busiest rank and
     a few others (the least loaded, or random ones), and re-place them optimally with CP-SAT.
@@ -222,6 +255,8 @@ def repair_placement(
         x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
         for j in range(len(items)):
             model.AddExactlyOne(x[j, r] for r in ranks)
+        if rules:
+            _repair_rules(model, x, items, ranks, assignment, rules)
         cost = [_ticks(assignment.choice[t].shard_ms[i], unit_ms) for t, i in items]
         peak = model.NewIntVar(0, sum(cost) + _ticks(max(base_ms.values()), unit_ms), "peak")
         for r in ranks:
@@ -258,6 +293,24 @@ def repair_placement(
     return assignment
 
 
+def _repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
+                  assignment: Assignment, rules: RankRules) -> None:
+    """The freed shards kept to their pins, and off ranks where another table of one of their
+    keep-apart groups stays; among themselves, at most one table of a group per rank."""
+    freed, members = set(items), rules.members()
+    staying = {(t, r) for t, rs in assignment.shard_ranks.items() for i, r in enumerate(rs) if r in ranks and (t, i) not in freed}
+    present: dict[tuple[str, int], list] = {}
+    for j, (t, _) in enumerate(items):
+        for r in ranks:
+            blocked = not rules.may_use(t, r) or any(
+                (other, r) in staying for g in rules.apart.get(t, ()) for other in members[g] if other != t)
+            if blocked:
+                model.Add(x[j, r] == 0)
+            elif t in rules.apart and (t, r) not in staying:
+                present.setdefault((t, r), []).append(x[j, r])
+    keep_apart(model, present, rules, ranks)
+
+
 @dataclass(frozen=True)
 class ClassModelResult:
     assignment: Assignment | None  # None when the counts could not be matched to memory
@@ -287,6 +340,7 @@ def solve_class_model(
     seed: int,
     known_bound_ms: float = 0.0,
     relative_gap: float = 0.0,
+    rules: RankRules = RankRules(),
 ) -> ClassModelResult | None:
     """Choose options and how many shards of each cost class every rank takes.
 
@@ -297,7 +351,9 @@ def solve_class_model(
     cluster: the placement of the counts (largest shards first, onto the rank with most room
     among those with quota) then checks every rank, and fails rather than overfill one.
     Node-bound column shards (table_column_wise) are left out of the choice; the proven bound
-    is reported only when each of them has a column_wise twin of equal shards.
+    is reported only when each of them has a column_wise twin of equal shards. Shards of
+    tables with pins or keep-apart groups are placed by a variable per rank, as in the joint
+    model, not counted.
     """
     world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
     model = cp_model.CpModel()
@@ -314,6 +370,7 @@ def solve_class_model(
                     fixed_kib[rank][ti].append((_kib_up(b), lit))
 
     class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
+    present: dict[tuple[str, int], list] = {}
     decode = []
     left_out = False
     for table, options in options_by_table.items():
@@ -327,25 +384,40 @@ def solve_class_model(
             choose = model.NewBoolVar(f"c[{table},{k}]")
             chooses.append(choose)
             model.AddHint(choose, hint.choice.get(table) is o)
+            def place(rank: int, i: int, lit) -> None:
+                load[rank].append((_ticks(float(o.shard_ms[i]), unit_ms), lit))
+                hold(rank, o.shard_bytes[i], lit)
+                if table in rules.apart:
+                    present.setdefault((table, rank), []).append(lit)
+
             if o.placement is Placement.EVERY_RANK:
-                for r, ms in enumerate(o.shard_ms.tolist()):
-                    load[r].append((_ticks(ms, unit_ms), choose))
-                    hold(r, o.shard_bytes[r], choose)
+                for r in range(world):
+                    place(r, r, choose)
                 decode.append((table, o, choose, None))
             elif o.placement is Placement.NODE_RANKS:
-                at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
+                at = _node_literals(model, table, k, o, rules, local, nodes)
                 model.Add(sum(at) == choose)
                 for n in range(nodes):
-                    for i, ms in enumerate(o.shard_ms.tolist()):
-                        load[n * local + i].append((_ticks(ms, unit_ms), at[n]))
-                        hold(n * local + i, o.shard_bytes[i], at[n])
+                    for i in range(len(o.shards)):
+                        place(n * local + i, i, at[n])
                 decode.append((table, o, choose, at))
+            elif rules.restricts(table):
+                per_shard = []
+                for i in range(len(o.shards)):
+                    x = {r: model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world) if rules.may_use(table, r)}
+                    model.Add(sum(x.values()) == choose)
+                    for r, lit in x.items():
+                        place(r, i, lit)
+                        model.AddHint(lit, hint.choice.get(table) is o and hint.shard_ranks[table][i] == r)
+                    per_shard.append(x)
+                decode.append((table, o, choose, per_shard))
             else:
                 for i, ms in enumerate(o.shard_ms.tolist()):
                     class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
                     hold(None, o.shard_bytes[i], choose)
                 decode.append((table, o, choose, None))
         model.AddExactlyOne(chooses)
+    keep_apart(model, present, rules, range(world))
 
     hinted_counts = {c: [0] * world for c in class_members}
     for c, members in class_members.items():
@@ -386,6 +458,8 @@ def solve_class_model(
         elif o.placement is Placement.NODE_RANKS:
             node = next(n for n, lit in enumerate(at) if solver.BooleanValue(lit))
             out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+        elif at is not None:  # placed by its own variables
+            out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in at]
         else:
             out.shard_ranks[table] = [-1] * len(o.shards)
     placed = _place_by_counts(out, class_members, {c: [solver.Value(v) for v in n] for c, n in counts.items()}, cluster)
@@ -405,7 +479,7 @@ def _place_by_counts(out: Assignment, class_members, quota: dict[int, list[int]]
     caps = rank_capacities(cluster)
     loads = RankLoads.empty(cluster.world_size)
     for table, o in out.choice.items():
-        if o.placement is not Placement.ANY_RANK:
+        if -1 not in out.shard_ranks[table]:  # placed by the model itself
             loads.add(o, out.shard_ranks[table])
     if np.any(loads.bytes > caps):
         return False

@@ -3,7 +3,8 @@ after, and the bytes of weights and optimizer state that would move to make the 
 rank on the same node or from another node.
 
 A rank needs the part of each new shard it does not already hold; in the old plan that part
-lies on other ranks (a data-parallel table lies on every rank, so nothing moves out of one).
+lies on other ranks (a data-parallel table lies on every rank of the old plan, so only a rank
+the old plan did not have needs it, from the same node when one there holds it).
 Bytes are counted where they arrive, rows x columns of fp32 weights plus the optimizer's state
 for those rows (planner.cost_model.rows_bytes).
 """
@@ -62,24 +63,35 @@ def _overlap(a: PlannedShard, b: PlannedShard) -> tuple[int, int]:
     return max(rows, 0), max(cols, 0)
 
 
+def arrivals(shard: PlannedShard, old: TablePlan, old_ranks_per_node: int, new_ranks_per_node: int,
+             optimizer: str) -> tuple[int, int]:
+    """(within-node, across-node) bytes that arrive at `shard.rank` for it to hold `shard`,
+    given the table's `old` layout."""
+    intra = inter = 0
+    if old.sharding_type == "data_parallel":  # every old rank holds the whole table
+        if shard.rank in old.ranks:
+            return 0, 0
+        size = rows_bytes(shard.rows, shard.cols, optimizer)
+        same_node = shard.rank // new_ranks_per_node in {s.rank // old_ranks_per_node for s in old.shards}
+        return (size, 0) if same_node else (0, size)
+    for source in old.shards:
+        if source.rank == shard.rank:
+            continue
+        rows, cols = _overlap(shard, source)
+        if rows and cols:
+            size = rows_bytes(rows, cols, optimizer)
+            if source.rank // old_ranks_per_node == shard.rank // new_ranks_per_node:
+                intra += size
+            else:
+                inter += size
+    return intra, inter
+
+
 def moved_bytes(old: TablePlan, new: TablePlan, old_ranks_per_node: int, new_ranks_per_node: int,
                 optimizer: str) -> tuple[int, int]:
     """(within-node, across-node) bytes that arrive at ranks to turn `old` into `new`."""
-    if old.sharding_type == "data_parallel":
-        return 0, 0  # every rank holds the whole table already
-    intra = inter = 0
-    for shard in new.shards:
-        for source in old.shards:
-            if source.rank == shard.rank:
-                continue
-            rows, cols = _overlap(shard, source)
-            if rows and cols:
-                size = rows_bytes(rows, cols, optimizer)
-                if source.rank // old_ranks_per_node == shard.rank // new_ranks_per_node:
-                    intra += size
-                else:
-                    inter += size
-    return intra, inter
+    moved = [arrivals(shard, old, old_ranks_per_node, new_ranks_per_node, optimizer) for shard in new.shards]
+    return sum(m[0] for m in moved), sum(m[1] for m in moved)
 
 
 def diff_plans(before: Plan, after: Plan, optimizer: str, before_ms: float | None = None, after_ms: float | None = None) -> PlanDiff:

@@ -6,12 +6,14 @@ Forcing an alternative removes the table's shards from their ranks and places th
 alternative's as the planner would (every rank, one node's ranks, or longest shard first onto
 the least-loaded rank with room); the figure is the busiest rank of the plan that results, or
 the tier that runs out of memory. Options the config's constraints forbid are forced too, and
-say which constraint forbids them: the price of that constraint.
+say which constraint forbids them: the price of that constraint (they are placed ignoring the
+table's constraints; the others keep to its pins, keep-apart groups and co-located tables).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -19,12 +21,12 @@ from planner.assignment import RankLoads, rank_capacities
 from planner.candidates import enumerate_options
 from planner.constraints import Constraints
 from planner.cost_model import CostModel
-from planner.greedy import lpt_into
+from planner.greedy import place_one
 from planner.plan import Plan
 from planner.report import rank_list
 from planner.scoring import costed_options
 from planner.specs import ClusterSpec, PlanningProblem
-from planner.types import TIERS, Placement, ShardingOption
+from planner.types import TIERS, ShardingOption
 
 ALTERNATIVES_SHOWN = 4
 
@@ -78,30 +80,9 @@ def same_layout(a: ShardingOption, b: ShardingOption) -> bool:
         (b.sharding_type, b.compute_kernel, b.tier, len(b.shards), b.cache_fraction)
 
 
-def place_one(option: ShardingOption, loads: RankLoads, caps: np.ndarray, cluster: ClusterSpec) -> list[int] | None:
-    """Ranks for `option`'s shards given the other tables' loads, as the planner places them."""
-    world, local = cluster.world_size, cluster.ranks_per_node
-    if option.placement is Placement.EVERY_RANK:
-        ranks = list(range(world))
-        return ranks if np.all(loads.bytes[ranks] + option.shard_bytes <= caps) else None
-    nodes = sorted(range(cluster.num_nodes), key=lambda n: (loads.ms[n * local:(n + 1) * local].sum(), n))
-    if option.placement is Placement.NODE_RANKS:
-        for node in nodes:
-            ranks = [node * local + i for i in range(len(option.shards))]
-            if np.all(loads.bytes[ranks] + option.shard_bytes <= caps):
-                return ranks
-        return None
-    if option.placement is Placement.ONE_NODE:
-        for node in nodes:
-            ranks = lpt_into(option, list(range(node * local, (node + 1) * local)), loads, caps)
-            if ranks is not None:
-                return ranks
-        return None
-    return lpt_into(option, list(range(world)), loads, caps)
-
-
-def force(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: ClusterSpec) -> Forced:
-    ranks = place_one(option, others, caps, cluster)
+def force(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: ClusterSpec,
+          admits: Callable[[int], bool] = lambda rank: True) -> Forced:
+    ranks = place_one(option, others, caps, cluster, admits)
     if ranks is None:
         after = others.bytes.sum(axis=0) + option.shard_bytes.sum(axis=0)
         short = [t for i, t in enumerate(TIERS) if after[i] > caps[i] * cluster.world_size] or [
@@ -113,10 +94,25 @@ def force(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: 
     return Forced(option, ranks, float(ms.max()), f"binds on rank {busiest}")
 
 
-def forbidden_or(forced: Forced, constraints: Constraints | None, table: str) -> Forced:
-    """`forced`, saying which constraint forbids its option where one does."""
-    rule = constraints.forbidding(table, forced.option) if constraints is not None else None
-    return forced if rule is None else replace(forced, binds=f"forbidden by {rule.describe()}")
+def force_table(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: ClusterSpec,
+                constraints: Constraints | None, table: str, admits: Callable[[int], bool]) -> Forced:
+    """`option` forced for `table`: where its constraints forbid it, placed as if they did not
+    and saying which forbids it; otherwise kept to the ranks `admits`."""
+    rule = constraints.forbidding(table, option) if constraints is not None else None
+    if rule is None:
+        return force(option, others, caps, cluster, admits)
+    return replace(force(option, others, caps, cluster), binds=f"forbidden by {rule.describe()}")
+
+
+def _admitting(plan: Plan, constraints: Constraints | None, table: str) -> Callable[[int], bool]:
+    """The ranks `table` may move to with every other table where the plan has it."""
+    if constraints is None:
+        return lambda rank: True
+    names = list(plan.tables)
+    occupancy = constraints.rank_rules(names).occupancy({n: t.ranks for n, t in plan.tables.items() if n != table})
+    group = next((g for g in constraints.colocate if g.applies_to(table)), None)
+    mates = {r for n in group.tables if n != table for r in plan.tables[n].ranks} if group else None
+    return lambda rank: occupancy.admits(table, rank) and (mates is None or rank in mates)
 
 
 def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: str | None = None) -> Explanation:
@@ -144,7 +140,8 @@ def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: 
         others = RankLoads(loads.ms.copy(), loads.bytes.copy())
         others.add(chosen, ranks, sign=-1)
         # every option, the chosen one included: re-placed, it shows whether the table sits well
-        forced = [forbidden_or(force(o, others, caps, cluster), problem.constraints, name) for o in options[name]]
+        admits = _admitting(plan, problem.constraints, name)
+        forced = [force_table(o, others, caps, cluster, problem.constraints, name, admits) for o in options[name]]
         forced = [f for f in forced if not (same_layout(f.option, chosen) and f.ranks == ranks)]
         forced.sort(key=lambda f: (f.max_rank_ms is None, f.max_rank_ms or 0.0))
         explained.append(TableExplanation(name, chosen, ranks, on_critical.get(name, 0.0), forced[:ALTERNATIVES_SHOWN]))

@@ -7,12 +7,13 @@ shards) most of the final quality: with many small items LPT is within a few per
 from __future__ import annotations
 
 import heapq
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from planner.assignment import Assignment, RankLoads, rank_capacities
 from planner.errors import InfeasiblePlanError
+from planner.placement_rules import Occupancy, RankRules
 from planner.specs import ClusterSpec
 from planner.types import Placement, ShardingOption
 
@@ -101,37 +102,45 @@ def _shard_bytes(option: ShardingOption, index: int) -> np.ndarray:
     return option.shard_bytes[index]
 
 
-def _no_room(option: ShardingOption, cluster: ClusterSpec) -> InfeasiblePlanError:
+def _no_room(option: ShardingOption, cluster: ClusterSpec, rules: RankRules) -> InfeasiblePlanError:
     tier = cluster.device_tier
     need = sum(s.storage.of_tier(tier) for s in option.shards)
     have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
+    where = "among the ranks its constraints allow" if rules.restricts(option.table) else ""
     return InfeasiblePlanError(
-        f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left "
-        f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank",
+        f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left {where}"
+        f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank"
+        + (", or loosen its pins and keep-apart groups" if where else ""),
         table=option.table,
     )
 
 
-def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignment:
+def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec, rules: RankRules = RankRules()) -> Assignment:
     """Place the chosen options: spread ones first, then node-bound ones, then LPT for the rest.
 
-    LPT: free shards in decreasing time, each onto the least-loaded rank with memory for it.
+    LPT: free shards in decreasing time (those with pins or keep-apart groups first), each onto
+    the least-loaded rank with memory for it that its rules admit.
     """
     world, local = cluster.world_size, cluster.ranks_per_node
     caps = rank_capacities(cluster)
     loads = RankLoads.empty(world)
+    occupancy = Occupancy(rules)
     out = Assignment(choice=dict(chosen))
     by_kind: dict[Placement, list[ShardingOption]] = {p: [] for p in Placement}
     for option in chosen.values():
         by_kind[option.placement].append(option)
 
-    for option in by_kind[Placement.EVERY_RANK]:
-        ranks = list(range(world))
+    def place(option: ShardingOption, ranks: list[int]) -> None:
         out.shard_ranks[option.table] = ranks
         loads.add(option, ranks)
+        for r in ranks:
+            occupancy.add(option.table, r)
+
+    for option in by_kind[Placement.EVERY_RANK]:  # the constraints leave none that a rule would refuse
+        place(option, list(range(world)))
     if np.any(loads.bytes > caps):
         worst = max(by_kind[Placement.EVERY_RANK], key=lambda o: o.shards[0].storage.of_tier(cluster.device_tier))
-        raise _no_room(worst, cluster)
+        raise _no_room(worst, cluster, rules)
 
     def node_order(option: ShardingOption) -> list[int]:
         totals = loads.ms.reshape(cluster.num_nodes, local).sum(axis=1)
@@ -140,31 +149,31 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignme
     for option in sorted(by_kind[Placement.NODE_RANKS], key=lambda o: (-o.total_ms, o.table)):
         for node in node_order(option):
             ranks = [node * local + i for i in range(len(option.shards))]
-            if all(_fits(loads, caps, r, _shard_bytes(option, i)) for i, r in enumerate(ranks)):
-                out.shard_ranks[option.table] = ranks
-                loads.add(option, ranks)
+            if all(_fits(loads, caps, r, _shard_bytes(option, i)) and occupancy.admits(option.table, r) for i, r in enumerate(ranks)):
+                place(option, ranks)
                 break
         else:
-            raise _no_room(option, cluster)
+            raise _no_room(option, cluster, rules)
 
     for option in sorted(by_kind[Placement.ONE_NODE], key=lambda o: (-o.total_ms, o.table)):
         for node in node_order(option):
-            ranks = lpt_into(option, list(range(node * local, (node + 1) * local)), loads, caps)
+            node_ranks = [r for r in range(node * local, (node + 1) * local) if occupancy.admits(option.table, r)]
+            ranks = lpt_into(option, node_ranks, loads, caps) if node_ranks else None
             if ranks is not None:
-                out.shard_ranks[option.table] = ranks
-                loads.add(option, ranks)
+                place(option, ranks)
                 break
         else:
-            raise _no_room(option, cluster)
+            raise _no_room(option, cluster, rules)
 
     free = [(option, i) for option in by_kind[Placement.ANY_RANK] for i in range(len(option.shards))]
-    by_time = sorted(free, key=lambda item: (-item[0].shard_ms[item[1]], item[0].table, item[1]))
-    placed, stuck = _least_loaded_with_room(by_time, loads, caps)
+    by_time = sorted(free, key=lambda item: (not rules.restricts(item[0].table), -item[0].shard_ms[item[1]], item[0].table, item[1]))
+    placed, stuck = _least_loaded_with_room(by_time, loads, caps, occupancy)
     if placed is None:  # time order strands big shards when memory is tight: largest (relative to room) first
-        by_size = sorted(free, key=lambda item: (-float(np.max(_shard_bytes(*item) / np.maximum(caps, 1))), item[0].table, item[1]))
-        placed, _ = _least_loaded_with_room(by_size, loads, caps)
+        by_size = sorted(free, key=lambda item: (not rules.restricts(item[0].table),
+                                                 -float(np.max(_shard_bytes(*item) / np.maximum(caps, 1))), item[0].table, item[1]))
+        placed, _ = _least_loaded_with_room(by_size, loads, caps, occupancy)
     if placed is None:
-        raise _no_room(stuck, cluster)
+        raise _no_room(stuck, cluster, rules)
     for option in by_kind[Placement.ANY_RANK]:
         out.shard_ranks[option.table] = [-1] * len(option.shards)
     for (option, i), rank in placed:
@@ -173,11 +182,13 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec) -> Assignme
 
 
 def _least_loaded_with_room(
-    order: list[tuple[ShardingOption, int]], loads: RankLoads, caps: np.ndarray
+    order: list[tuple[ShardingOption, int]], loads: RankLoads, caps: np.ndarray, occupancy: Occupancy
 ) -> tuple[list[tuple[tuple[ShardingOption, int], int]] | None, ShardingOption | None]:
-    """Each shard in `order` onto the least-loaded rank with memory for it, updating `loads`.
-    Returns the placements, or (None, the option that found no room) leaving `loads` as it was."""
+    """Each shard in `order` onto the least-loaded rank with memory for it that `occupancy`
+    admits (its pins, its keep-apart groups as placed so far), updating `loads`. Returns the
+    placements, or (None, the option that found no room) leaving `loads` as it was."""
     ms, used = loads.ms.copy(), loads.bytes.copy()
+    scratch = occupancy.copy()
     heap = [(float(ms[r]), r) for r in range(len(ms))]
     heapq.heapify(heap)
     placed = []
@@ -186,12 +197,13 @@ def _least_loaded_with_room(
         skipped = []
         while heap:
             _, rank = heapq.heappop(heap)
-            if np.all(used[rank] + need <= caps):
+            if np.all(used[rank] + need <= caps) and scratch.admits(option.table, rank):
                 break
             skipped.append((float(ms[rank]), rank))
         else:
             return None, option
         placed.append(((option, i), rank))
+        scratch.add(option.table, rank)
         ms[rank] += option.shard_ms[i]
         used[rank] += need
         heapq.heappush(heap, (float(ms[rank]), rank))
@@ -220,9 +232,36 @@ def lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: n
     return placed
 
 
-def local_search(assignment: Assignment, cluster: ClusterSpec, max_rounds: int = 2000) -> Assignment:
+def place_one(option: ShardingOption, loads: RankLoads, caps: np.ndarray, cluster: ClusterSpec,
+              admits: Callable[[int], bool] = lambda rank: True) -> list[int] | None:
+    """Ranks for one table's `option` given the other tables' `loads`, as `pack` places them (every
+    rank, one node's ranks, or LPT onto the least-loaded rank with room), on ranks `admits`
+    allows; None if it does not fit."""
+    world, local = cluster.world_size, cluster.ranks_per_node
+    if option.placement is Placement.EVERY_RANK:
+        ranks = list(range(world))
+        return ranks if np.all(loads.bytes[ranks] + option.shard_bytes <= caps) and all(map(admits, ranks)) else None
+    nodes = sorted(range(cluster.num_nodes), key=lambda n: (loads.ms[n * local:(n + 1) * local].sum(), n))
+    if option.placement is Placement.NODE_RANKS:
+        for node in nodes:
+            ranks = [node * local + i for i in range(len(option.shards))]
+            if np.all(loads.bytes[ranks] + option.shard_bytes <= caps) and all(map(admits, ranks)):
+                return ranks
+        return None
+    if option.placement is Placement.ONE_NODE:
+        for node in nodes:
+            node_ranks = [r for r in range(node * local, (node + 1) * local) if admits(r)]
+            ranks = lpt_into(option, node_ranks, loads, caps) if node_ranks else None
+            if ranks is not None:
+                return ranks
+        return None
+    ranks = [r for r in range(world) if admits(r)]
+    return lpt_into(option, ranks, loads, caps) if ranks else None
+
+
+def local_search(assignment: Assignment, cluster: ClusterSpec, rules: RankRules = RankRules(), max_rounds: int = 2000) -> Assignment:
     """Move or swap free (any-rank) shards off the busiest rank while that lowers it."""
-    moves = _FreeShardMoves(assignment, cluster)
+    moves = _FreeShardMoves(assignment, cluster, rules)
     loads, world = moves.loads, cluster.world_size
     for _ in range(max_rounds):
         top = int(np.argmax(loads.ms))
@@ -245,10 +284,11 @@ def local_search(assignment: Assignment, cluster: ClusterSpec, max_rounds: int =
 class _FreeShardMoves:
     """The free shards on each rank, and the moves and swaps of them between two ranks."""
 
-    def __init__(self, assignment: Assignment, cluster: ClusterSpec) -> None:
+    def __init__(self, assignment: Assignment, cluster: ClusterSpec, rules: RankRules) -> None:
         self.assignment = assignment
         self.caps = rank_capacities(cluster)
         self.loads = RankLoads.of(assignment, cluster.world_size)
+        self.occupancy = rules.occupancy(assignment.shard_ranks)
         self.free_on: dict[int, list[tuple[str, int]]] = {r: [] for r in range(cluster.world_size)}
         for table, option in assignment.choice.items():
             if option.placement is Placement.ANY_RANK:
@@ -269,6 +309,8 @@ class _FreeShardMoves:
         self.loads.bytes[dst] += need
         self.free_on[src].remove(item)
         self.free_on[dst].append(item)
+        self.occupancy.add(item[0], src, -1)
+        self.occupancy.add(item[0], dst)
         self.assignment.shard_ranks[item[0]][item[1]] = dst
 
     def best(self, top: int, dst: int) -> tuple | None:
@@ -282,7 +324,7 @@ class _FreeShardMoves:
         for item in self.free_on[top]:
             c = self.cost(item)
             gain = peak - max(peak - c, loads.ms[dst] + c)
-            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)):
+            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)) and self._admits_move(item, top, dst):
                 best, best_gain = (item, None), gain
         for a in self.free_on[top]:
             ca = self.cost(a)
@@ -295,9 +337,16 @@ class _FreeShardMoves:
                 gain = peak - max(peak - delta, loads.ms[dst] + delta)
                 if gain > best_gain + 1e-12:
                     need_a, need_b = self.need(a), self.need(b)
-                    if np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(loads.bytes[top] - need_a + need_b <= caps):
+                    if (np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(loads.bytes[top] - need_a + need_b <= caps)
+                            and self.occupancy.admits_swap(a[0], top, b[0], dst)):
                         best, best_gain = (a, b), gain
         return best
+
+    def _admits_move(self, item: tuple[str, int], src: int, dst: int) -> bool:
+        self.occupancy.add(item[0], src, -1)
+        ok = self.occupancy.admits(item[0], dst)
+        self.occupancy.add(item[0], src)
+        return ok
 
 
 def refine_by_splitting(
@@ -305,6 +354,7 @@ def refine_by_splitting(
     chosen: dict[str, ShardingOption],
     cluster: ClusterSpec,
     deadline_s: float,
+    rules: RankRules = RankRules(),
 ) -> Assignment:
     """Split only where it pays: while a table on the busiest rank can move to an option with
     smaller shards (the cheapest such) and the re-packed plan gets better, do so.
@@ -319,7 +369,7 @@ def refine_by_splitting(
         peak = float(loads.ms.max())
         return peak, int(np.sum(loads.ms >= peak * (1 - 1e-9)))
 
-    best = local_search(pack(chosen, cluster), cluster)
+    best = local_search(pack(chosen, cluster, rules), cluster, rules)
     loads = RankLoads.of(best, cluster.world_size)
     best_score = score(loads)
     while time.monotonic() < deadline_s:
@@ -337,7 +387,7 @@ def refine_by_splitting(
             trial_choice = dict(best.choice)
             trial_choice[table] = min(finer, key=lambda o: (o.total_ms, len(o.shards)))
             try:
-                trial = local_search(pack(trial_choice, cluster), cluster)
+                trial = local_search(pack(trial_choice, cluster, rules), cluster, rules)
             except InfeasiblePlanError:
                 continue
             trial_loads = RankLoads.of(trial, cluster.world_size)

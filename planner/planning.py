@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Sequence
 from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
+from planner.colocation import colocate
 from planner.cost_model import AnalyticCostModel, CostModel
 from planner.errors import InfeasiblePlanError
 from planner.plan import Plan, PlannedShard, RankPlan, TablePlan
+from planner.placement_rules import RankRules
 from planner.plan_inputs import PlanInputs
 from planner.schemes import cache_rows
 from planner.solver import Solution, SolverConfig, solve
-from planner.specs import PlanningProblem
-from planner.types import Perf, Storage
+from planner.specs import PlanningProblem, TableSpec
+from planner.types import Perf, ShardingOption, Storage
 
 # The solver always gets at least this share of the time limit, however long costing took.
 MIN_SOLVER_SHARE = 0.2
@@ -32,11 +35,14 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
     attempts = [problem]
     if problem.tiering.enabled:  # costing cached options takes time too: only when needed
         attempts.insert(0, replace(problem, tiering=replace(problem.tiering, enabled=False)))
+    constraints = problem.constraints
+    rules = constraints.rank_rules([t.name for t in problem.tables]) if constraints is not None else RankRules()
     for i, attempt in enumerate(attempts):
         try:
-            options = enumerate_options(attempt, cost_model)
+            search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
             left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
-            solution = solve(options, problem.cluster, config, deadline_s=time.monotonic() + left)
+            solution = solve(search.options_by_table, problem.cluster, config, time.monotonic() + left, search.rules)
+            solution = replace(solution, assignment=search.expand(solution.assignment))
             break
         except InfeasiblePlanError:
             if i == len(attempts) - 1:
@@ -44,6 +50,16 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
     plan = plan_from_solution(solution, problem, cost_model.name)
     check_capacity([r.memory for r in plan.ranks], problem.cluster)
     return plan
+
+
+def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec) -> TablePlan:
+    """How a plan writes `option` with its shards on `ranks`."""
+    cached = option.cache_fraction < 1.0
+    shards = tuple(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier,
+                                cache_rows(g.rows, option.cache_fraction) if cached else 0)
+                   for g, rank in zip(option.geometries, ranks))
+    return TablePlan(option.sharding_type.value, option.compute_kernel, table.num_embeddings, table.embedding_dim,
+                     shards, option.cache_fraction if cached else None)
 
 
 def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model: str) -> Plan:
@@ -54,16 +70,11 @@ def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model:
     memory = [Storage() for _ in range(world)]
     tables = {}
     for table in problem.tables:
-        option = solution.assignment.choice[table.name]
-        cached = option.cache_fraction < 1.0
-        shards = []
-        for g, shard, rank in zip(option.geometries, option.shards, solution.assignment.shard_ranks[table.name]):
-            cache = cache_rows(g.rows, option.cache_fraction) if cached else 0
-            shards.append(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier, cache))
+        option, ranks = solution.assignment.choice[table.name], solution.assignment.shard_ranks[table.name]
+        tables[table.name] = option_layout(option, ranks, table)
+        for shard, rank in zip(option.shards, ranks):
             perf[rank] = perf[rank] + shard.perf
             memory[rank] = memory[rank] + shard.storage
-        tables[table.name] = TablePlan(option.sharding_type.value, option.compute_kernel, table.num_embeddings,
-                                       table.embedding_dim, tuple(shards), option.cache_fraction if cached else None)
     rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
     return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
                 max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,

@@ -18,6 +18,7 @@ from planner.bounds import lower_bound_ms
 from planner.cpsat import class_model_size, joint_model_size, repair_placement, solve_class_model, solve_joint
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.greedy import choose_options, fit_memory, local_search, pack, refine_by_splitting, split_stuck_table
+from planner.placement_rules import RankRules
 from planner.specs import ClusterSpec
 from planner.types import TIERS, ShardingOption
 
@@ -79,20 +80,21 @@ def _fitted(
     chosen: dict[str, ShardingOption],
     cluster: ClusterSpec,
     deadline_s: float,
+    rules: RankRules,
 ) -> tuple[Assignment | InfeasiblePlanError, bool]:
     """`chosen` made to fit memory, then placed and refined. Swaps options until each tier's
     total fits (filling less of it on each retry), and splits the tables that still find no
     rank with room; the error of the last try if nothing fits. Also says whether memory was
     tight (`chosen` did not fit as it was)."""
     try:  # the fastest choice, when it fits as it is
-        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s), False
+        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s, rules), False
     except InfeasiblePlanError as e:
         error = e
     for fill in (0.95, 0.85, 0.7):
         fitted = fit_memory(chosen, options_by_table, cluster, fill)
         for _ in range(len(fitted)):
             try:
-                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s), True
+                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s, rules), True
             except InfeasiblePlanError as e:
                 error = e
                 if e.table is None or not split_stuck_table(fitted, options_by_table, e.table, cluster):
@@ -106,6 +108,7 @@ def warm_start(
     bound_ms: float,
     caps: Sequence[float],
     deadline_s: float,
+    rules: RankRules = RankRules(),
 ) -> Assignment:
     """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
     local search and splitting of the tables on the busiest rank, and of the smallest shards
@@ -114,7 +117,7 @@ def warm_start(
     best, best_peak, first_error, tight = None, math.inf, None, False
     for i, frac in enumerate(caps):
         share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
-        candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share)
+        candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share, rules)
         tight = tight or squeezed
         if isinstance(candidate, InfeasiblePlanError):
             first_error = first_error or candidate
@@ -128,7 +131,7 @@ def warm_start(
     # than cached) sometimes fit better when memory is tight, and are the last resort.
     smallest = {t: min(opts, key=lambda o: (o.shard_bytes.max(), o.total_ms)) for t, opts in options_by_table.items()}
     try:
-        candidate = local_search(pack(smallest, cluster), cluster)
+        candidate = local_search(pack(smallest, cluster, rules), cluster, rules)
     except InfeasiblePlanError:
         if best is None:
             raise first_error from None
@@ -143,24 +146,26 @@ def solve(
     cluster: ClusterSpec,
     config: SolverConfig,
     deadline_s: float | None = None,
+    rules: RankRules = RankRules(),
 ) -> Solution:
-    """Plan over costed options. CP-SAT's budgets are deterministic time, fixed by
-    `config.time_limit_s`, so the answer depends on the input only; the wall-clock
-    `deadline_s` (default: now + time_limit_s) is a safety net for a slow machine."""
+    """Plan over costed options, each table's shards where `rules` admit them. CP-SAT's
+    budgets are deterministic time, fixed by `config.time_limit_s`, so the answer depends on
+    the input only; the wall-clock `deadline_s` (default: now + time_limit_s) is a safety net
+    for a slow machine."""
     start = time.monotonic()
     deadline = deadline_s if deadline_s is not None else start + config.time_limit_s
     budget = config.time_limit_s  # deterministic seconds, split between the stages below
     world = cluster.world_size
     bound = lower_bound_ms(options_by_table, world)
     unit_ms = max(bound, 1e-9) / 20_000  # 0.005% of the bound per integer tick
-    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + (deadline - start) * 0.4)
+    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + (deadline - start) * 0.4, rules)
     best_peak, method = _peak(best, world), "greedy"
 
     target = bound * (1 + config.target_gap)
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
         result = solve_class_model(
-            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
+            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules
         )
         if result is not None:
             if result.bound_ms is not None:
@@ -173,7 +178,7 @@ def solve(
                 method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
     if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
         result = solve_joint(
-            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap
+            options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules
         )
         if result is not None:
             bound = max(bound, result.bound_ms)
@@ -183,7 +188,7 @@ def solve(
     if best_peak > max(target, bound * (1 + config.target_gap)) and deadline > time.monotonic():
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
-            budget * 0.3, deadline, config.seed, config.repair_neighbourhood_ranks,
+            budget * 0.3, deadline, config.seed, config.repair_neighbourhood_ranks, rules,
         )
         peak = _peak(repaired, world)
         if peak < best_peak:

@@ -68,26 +68,42 @@ def cases(draw) -> Case:
     class_max, joint_max = SOLVER_PATHS[draw(st.sampled_from(sorted(SOLVER_PATHS)))]
     solver = SolverConfig(time_limit_s=0.5, class_model_max_variables=class_max, joint_model_max_booleans=joint_max)
     problem = PlanningProblem(tables, build_cluster(profile, sizes), training, tiering, {})
-    if draw(st.integers(0, 3)) == 0:  # a user's constraints: a rule on some tables and a memory reserve
+    if draw(st.integers(0, 3)) == 0:  # a user's constraints: rules on some tables, groups, a memory reserve
         device_tier = problem.cluster.device_tier
-        rule = {"match": draw(st.sampled_from(["t0", "t*", "t1*"])) if count > 1 else "t0",
-                "schemes": draw(st.lists(st.sampled_from([s.value for s in ShardingType]), min_size=1, max_size=4, unique=True)),
-                "max_shards": draw(st.sampled_from([1, 2, 8]))}
-        reserve = {device_tier: per_rank * draw(st.sampled_from([0.0, 0.1, 0.4])) / GIB}
+        rules = [{"match": draw(st.sampled_from(["t0", "t*", "t1*"])) if count > 1 else "t0",
+                  "schemes": draw(st.lists(st.sampled_from([s.value for s in ShardingType]), min_size=1, max_size=4, unique=True)),
+                  "max_shards": draw(st.sampled_from([1, 2, 8]))}]
+        world = nodes * local
+        if draw(st.booleans()):  # a pin
+            rules.append({"match": draw(st.sampled_from(["t0", "t1*"])) if count > 1 else "t0",
+                          "ranks": sorted(draw(st.sets(st.integers(0, world - 1), min_size=1, max_size=world)))})
+        section = {"tables": rules, "reserve_gib_per_rank": {device_tier: per_rank * draw(st.sampled_from([0.0, 0.1, 0.4])) / GIB}}
+        if count > 2 and draw(st.booleans()):
+            section["colocate" if draw(st.booleans()) else "apart"] = [["t0", "t2"]]
         try:
-            problem = constrain(problem, {"tables": [rule], "reserve_gib_per_rank": reserve})
+            problem = constrain(problem, section)
         except ConfigError:
-            pass  # a reserve past the tier (a one-line refusal too); plan unconstrained
+            pass  # a reserve past the tier, a rule matching no table (one-line refusals too); plan unconstrained
     return Case(problem, solver)
 
 
 def broken_rule(plan: Plan, problem: PlanningProblem) -> str | None:
-    """The first table whose layout a constraint forbids, in words; None when every rule holds."""
-    for rule in problem.constraints.rules if problem.constraints else ():
+    """The first table whose layout or place a constraint forbids, in words; None when every rule holds."""
+    constraints = problem.constraints
+    for rule in constraints.rules if constraints else ():
         for name, t in plan.tables.items():
             if rule.applies_to(name) and ((rule.schemes and t.sharding_type not in rule.schemes)
-                                          or (rule.max_shards and len(t.shards) > rule.max_shards)):
-                return f"table {name} is {t.sharding_type} x{len(t.shards)} against {rule.describe()}"
+                                          or (rule.max_shards and len(t.shards) > rule.max_shards)
+                                          or (rule.ranks is not None and not set(t.ranks) <= rule.ranks)):
+                return f"table {name} is {t.sharding_type} x{len(t.shards)} on {t.ranks} against {rule.describe()}"
+    for group in constraints.colocate if constraints else ():
+        places = {tuple(plan.tables[n].ranks) for n in group.tables}
+        if len(places) != 1 or len(places.pop()) != 1:
+            return f"{group.describe()} has its tables on {[plan.tables[n].ranks for n in group.tables]}"
+    for group in constraints.apart if constraints else ():
+        held = [set(plan.tables[n].ranks) for n in group.tables]
+        if any(a & b for i, a in enumerate(held) for b in held[i + 1:]):
+            return f"{group.describe()} has its tables on {[plan.tables[n].ranks for n in group.tables]}"
     return None
 
 

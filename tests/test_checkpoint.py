@@ -75,18 +75,30 @@ def _save_under(rank, world, ckpt_dir, scheme):
 def _load_under(rank, world, ckpt_dir, scheme):
     from dlrm_scale.training.state import full_tables
 
+    import contextlib
+    import io
+
     trainer = make_trainer(rank, world, str(Path(ckpt_dir) / "out2"), ckpt_dir, 2, False, uniform_plan(scheme, world))
-    step = trainer.checkpoints.restore(trainer.config.steps)
-    return step, full_tables(trainer.model)
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        step = trainer.checkpoints.restore(trainer.config.steps)
+    return step, full_tables(trainer.model), said.getvalue()
 
 
 @pytest.mark.parametrize("saved, loaded, world_after", [("table_wise", "row_wise", 2), ("row_wise", "column_wise", 2), ("every", "row_wise", 4)])
 def test_checkpoint_reshards_to_another_plan(tmp_path, saved, loaded, world_after):
+    from planner.diff import diff_plans
+
     before = run_on_ranks(_save_under, 2, str(tmp_path), saved)
-    step, after = run_on_ranks(_load_under, world_after, str(tmp_path), loaded)
+    step, after, said = run_on_ranks(_load_under, world_after, str(tmp_path), loaded)
     assert step == 2
     for name, table in before.items():
         assert torch.equal(after[name], table), name
+    saved_plan = every_scheme_plan(problem()) if saved == "every" else uniform_plan(saved, 2)
+    change = diff_plans(saved_plan, uniform_plan(loaded, world_after), "rowwise_adagrad")
+    assert change.intra_node_bytes + change.inter_node_bytes > 0
+    assert (f"saved under another plan: {len(change.changes)} tables changed layout, {change.intra_node_bytes / 2**30:.3f} GiB "
+            f"moved within nodes and {change.inter_node_bytes / 2**30:.3f} GiB across") in said
 
 
 def row_states(trainer) -> dict[str, torch.Tensor]:

@@ -10,7 +10,9 @@ import torch.distributed as dist
 
 from dlrm_scale.run_config import CheckpointConfig
 from dlrm_scale.training import checkpoint as ckpt
+from planner.diff import diff_plans
 from planner.errors import PlannerError
+from planner.plan import Plan
 
 NO_BAD_STEP = 2**62
 
@@ -20,9 +22,12 @@ class TrainingError(PlannerError):
 
 
 class Checkpoints:
-    def __init__(self, config: CheckpointConfig, model, optimizer, tiered, plan_digest: str, seed: int, rank: int) -> None:
+    def __init__(self, config: CheckpointConfig, model, optimizer, tiered, plan: Plan, embedding_optimizer: str,
+                 seed: int, rank: int) -> None:
         self.config, self.model, self.optimizer, self.tiered = config, model, optimizer, tiered
-        self.meta = {"plan_digest": plan_digest, "seed": seed}
+        # the plan's layout goes with each checkpoint, so a run resumed under another plan can say what moved
+        self.meta = {"plan_digest": ckpt.plan_digest(plan.to_dict()), "seed": seed, "plan": plan.to_dict()}
+        self.plan, self.embedding_optimizer = plan, embedding_optimizer
         self.rank = rank
 
     def due(self, step: int, last: bool) -> bool:
@@ -57,8 +62,20 @@ class Checkpoints:
         meta = ckpt.load(path, self.model, self.optimizer)
         if self.tiered is not None:
             self.tiered.load(path)
-        self._say(f"resumed from {path} (step {meta['step']})")
+        self._say(f"resumed from {path} (step {meta['step']}){self._moved(meta)}")
         return int(meta["step"])
+
+    def _moved(self, meta: dict) -> str:
+        """What resuming under this plan moved, when the checkpoint was saved under another."""
+        if meta.get("plan_digest") == self.meta["plan_digest"] or not isinstance(meta.get("plan"), dict):
+            return ""
+        try:
+            before = Plan.from_dict(meta["plan"], "the checkpoint's plan")
+        except PlannerError:
+            return "; saved under another plan (its layout is unreadable, so what moved is not known)"
+        change = diff_plans(before, self.plan, self.embedding_optimizer)
+        return (f"; saved under another plan: {len(change.changes)} tables changed layout, {change.intra_node_bytes / 2**30:.3f} GiB "
+                f"moved within nodes and {change.inter_node_bytes / 2**30:.3f} GiB across")
 
     def stop_on_bad_loss(self, local_bad_step: int) -> None:
         """Every rank's first non-finite step (NO_BAD_STEP: none); stop, naming what is kept, if any."""

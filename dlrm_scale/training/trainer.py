@@ -40,8 +40,8 @@ class Trainer:
         self.meter = CommMeter()
         self.metrics = MetricsLog(out_dir, rank)
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
-        self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered,
-                                       ckpt.plan_digest(plan.to_dict()), train.seed, rank)
+        self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
+                                       run.problem.training.embedding_optimizer, train.seed, rank)
 
     def run(self) -> None:
         locks = []

@@ -1,0 +1,372 @@
+"""Replanning with least movement (`dlrm-scale plan --from OLD.json [--max-move-gb X]`).
+
+The tables, their statistics, the world size or the hardware changed; the model is trained
+under OLD. Moving weights and optimizer state costs time (a checkpoint reshards on load, but
+bytes still cross the network), so the new plan starts from OLD's layout, kept wherever it
+still exists among the new options and fits, and buys step time with bytes:
+
+1. stay: each table keeps its old layout if it can; one that cannot (a row-wise table on a
+   new world size, a table whose shape or hardware changed) takes the layout that moves
+   fewest bytes, a new table the one that keeps the busiest rank lowest (nothing moves: it
+   starts from its initial weights);
+2. search: the tables that move fewest bytes (new ones, then old ones smallest first, as far
+   as their bytes fit the budget) are planned by the planner's own search around the others,
+   held where they stay (one option each, pinned to its ranks), and the result relabelled;
+3. improve: repeatedly re-lay one table of the busiest rank (any of its options, placed as the
+   planner places them or with each shard kept on the old rank that holds most of its rows,
+   or its layout in the unconstrained plan), taking the change that lowers the busiest rank
+   most per byte moved, while the bytes moved stay within the budget.
+
+Ranks are interchangeable, so the unconstrained plan is first relabelled to move the fewest
+bytes: its free-placed shards go, a rank's worth at a time, to the rank that holds most of
+them already (a linear assignment, OR-Tools), never raising its busiest rank or overfilling one.
+
+Bytes moved are `planner.diff.moved_bytes` (what arrives at each rank, weights plus optimizer
+state), summed within and across nodes. Without a budget, the result is the front of (bytes
+moved, busiest rank) over a ladder of budgets, with the unconstrained plan at its end.
+Co-located groups are not taken yet (refused in one line).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+from ortools.graph.python import linear_sum_assignment
+
+from planner.assignment import Assignment, RankLoads, rank_capacities
+from planner.candidates import enumerate_options
+from planner.cost_model import AnalyticCostModel, CostModel, rows_bytes
+from planner.diff import arrivals, moved_bytes
+from planner.errors import ConfigError, InfeasiblePlanError
+from planner.greedy import place_one
+from planner.placement_rules import Occupancy, RankRules
+from planner.plan import Plan, TablePlan
+from planner.planning import make_plan, option_layout, plan_from_solution
+from planner.solver import Solution, SolverConfig, solve
+from planner.specs import PlanningProblem
+from planner.types import Placement, ShardingOption
+
+GIB = 2**30
+BUDGET_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # fractions of the model's bytes, for the front
+MIN_BYTES = 2**20  # a change that moves (almost) nothing is priced as moving 1 MiB
+
+
+@dataclass(frozen=True)
+class Replanned:
+    plan: Plan
+    moved_bytes: int
+    budget_bytes: int | None  # None: the unconstrained plan
+
+
+@dataclass(frozen=True)
+class Front:
+    points: list[Replanned]  # by bytes moved, each faster than the one before
+    model_bytes: int  # weights and optimizer state of the old plan's tables, once each
+    free: Replanned  # the unconstrained plan
+
+    def format(self) -> str:
+        lines = [f"{'budget':>16} {'moved GiB':>10} {'% of model':>10} {'busiest ms':>11} {'vs unconstrained':>17}"]
+        for p in self.points:
+            budget = "unconstrained" if p.budget_bytes is None else f"{p.budget_bytes / GIB:.3f} GiB"
+            lines.append(f"{budget:>16} {p.moved_bytes / GIB:>10.3f} {p.moved_bytes / self.model_bytes:>10.1%} "
+                         f"{p.plan.max_rank_ms:>11.4f} {p.plan.max_rank_ms / self.free.plan.max_rank_ms - 1:>+17.2%}")
+        return "\n".join(lines)
+
+
+def model_bytes(plan: Plan, optimizer: str) -> int:
+    return sum(rows_bytes(t.num_embeddings, t.embedding_dim, optimizer) for t in plan.tables.values())
+
+
+class _Moves:
+    """The replan in progress: each table's option and ranks, the bytes each table's change
+    moves, the ranks' loads."""
+
+    def __init__(self, problem: PlanningProblem, old: Plan, options: dict[str, list[ShardingOption]], rules: RankRules) -> None:
+        self.problem, self.old, self.options = problem, old, options
+        self.specs = {t.name: t for t in problem.tables}
+        self.cluster = problem.cluster
+        self.caps = rank_capacities(problem.cluster)
+        self.rules = rules
+        self.assignment = Assignment()
+        self.moved: dict[str, int] = {}
+        self.loads = RankLoads.empty(problem.cluster.world_size)
+
+    def bytes_for(self, table: str, option: ShardingOption, ranks: list[int]) -> int:
+        before = self.old.tables.get(table)
+        if before is None:
+            return 0
+        layout = option_layout(option, ranks, self.specs[table])
+        return sum(moved_bytes(before, layout, self.old.ranks_per_node, self.cluster.ranks_per_node,
+                               self.problem.training.embedding_optimizer))
+
+    def set(self, table: str, option: ShardingOption, ranks: list[int]) -> None:
+        if table in self.assignment.choice:
+            self.loads.add(self.assignment.choice[table], self.assignment.shard_ranks[table], sign=-1)
+        self.assignment.choice[table], self.assignment.shard_ranks[table] = option, list(ranks)
+        self.loads.add(option, ranks)
+        self.moved[table] = self.bytes_for(table, option, ranks)
+
+    def admits(self, table: str) -> Callable[[int], bool]:
+        occupancy: Occupancy = self.rules.occupancy({t: r for t, r in self.assignment.shard_ranks.items() if t != table})
+        return occupancy.admitting(table)
+
+    def fits(self, option: ShardingOption, ranks: list[int], others: RankLoads) -> bool:
+        used = others.bytes.copy()
+        np.add.at(used, ranks, option.shard_bytes)
+        return bool(np.all(used <= self.caps))
+
+    def without(self, table: str) -> RankLoads:
+        others = RankLoads(self.loads.ms.copy(), self.loads.bytes.copy())
+        if table in self.assignment.choice:
+            others.add(self.assignment.choice[table], self.assignment.shard_ranks[table], sign=-1)
+        return others
+
+    def total_moved(self) -> int:
+        return sum(self.moved.values())
+
+
+def _free_blocks(assignment: Assignment, world: int) -> tuple[list[list[tuple[str, int]]], RankLoads]:
+    """Each rank's free-placed (any-rank) shards, and the loads of everything else."""
+    blocks: list[list[tuple[str, int]]] = [[] for _ in range(world)]
+    fixed = RankLoads.empty(world)
+    for table, option in assignment.choice.items():
+        ranks = assignment.shard_ranks[table]
+        if option.placement is Placement.ANY_RANK:
+            for i, r in enumerate(ranks):
+                blocks[r].append((table, i))
+        else:
+            fixed.add(option, ranks)
+    return blocks, fixed
+
+
+def align(free: Assignment, moves: _Moves) -> Assignment:
+    """`free` with its ranks' free-placed shards relabelled to move the fewest bytes from the
+    old plan, keeping every rank's time under `free`'s busiest and its bytes within capacity."""
+    world = moves.cluster.world_size
+    blocks, fixed = _free_blocks(free, world)
+    peak = float(RankLoads.of(free, world).ms.max())
+    optimizer, old_local, local = moves.problem.training.embedding_optimizer, moves.old.ranks_per_node, moves.cluster.ranks_per_node
+    solver = linear_sum_assignment.SimpleLinearSumAssignment()
+    for a, block in enumerate(blocks):
+        ms = sum(free.choice[t].shard_ms[i] for t, i in block)
+        need = sum((free.choice[t].shard_bytes[i] for t, i in block), np.zeros(len(moves.caps), dtype=np.int64))
+        for b in range(world):
+            if fixed.ms[b] + ms > peak * (1 + 1e-9) or np.any(fixed.bytes[b] + need > moves.caps) \
+                    or not all(moves.rules.may_use(t, b) for t, _ in block):
+                continue
+            cost = 0
+            for t, i in block:
+                if t in moves.old.tables:
+                    shard = option_layout(free.choice[t], [b], moves.specs[t]).shards[0] if len(free.choice[t].shards) == 1 else \
+                        option_layout(free.choice[t], [b] * len(free.choice[t].shards), moves.specs[t]).shards[i]
+                    cost += sum(arrivals(shard, moves.old.tables[t], old_local, local, optimizer)) // 1024
+            solver.add_arc_with_cost(a, b, cost)
+    if solver.solve() != solver.OPTIMAL:
+        return free
+    aligned = free.copy()
+    for a, block in enumerate(blocks):
+        for t, i in block:
+            aligned.shard_ranks[t][i] = solver.right_mate(a)
+    occupancy = moves.rules.occupancy({})
+    for t, ranks in aligned.shard_ranks.items():
+        for r in ranks:
+            if not occupancy.admits(t, r):
+                return free  # a keep-apart group met a node-bound table: keep the labels as they were
+            occupancy.add(t, r)
+    return aligned
+
+
+def in_place(option: ShardingOption, table: str, moves: _Moves, others: RankLoads, admits) -> list[int] | None:
+    """Ranks for a free-placed `option` with each shard on the old rank holding most of its
+    rows (one shard per old rank) where it fits, the rest onto the least-loaded ranks with room."""
+    before = moves.old.tables.get(table)
+    if before is None or option.placement is not Placement.ANY_RANK:
+        return None
+    layout = option_layout(option, [0] * len(option.shards), moves.specs[table])
+    used, ms = others.bytes.copy(), others.ms.copy()
+    ranks = []
+    for i, shard in enumerate(layout.shards):
+        overlap = {}
+        for source in before.shards:
+            rows = min(shard.row_offset + shard.rows, source.row_offset + source.rows) - max(shard.row_offset, source.row_offset)
+            cols = min(shard.col_offset + shard.cols, source.col_offset + source.cols) - max(shard.col_offset, source.col_offset)
+            if rows > 0 and cols > 0:
+                overlap[source.rank] = overlap.get(source.rank, 0) + rows * cols
+        claimed = [r for r in sorted(overlap, key=lambda r: -overlap[r]) if r not in ranks]  # one shard stays per old rank
+        order = claimed[:1] + sorted(range(len(ms)), key=lambda r: (ms[r], r))
+        rank = next((r for r in order if r < len(ms) and admits(r) and np.all(used[r] + option.shard_bytes[i] <= moves.caps)), None)
+        if rank is None:
+            return None
+        used[rank] += option.shard_bytes[i]
+        ms[rank] += option.shard_ms[i]
+        ranks.append(rank)
+    return ranks
+
+
+def _kept(moves: _Moves, table: str) -> tuple[ShardingOption, list[int]] | None:
+    """The option that lays `table` out exactly as the old plan did, if any."""
+    before: TablePlan | None = moves.old.tables.get(table)
+    if before is None or any(r >= moves.cluster.world_size or not moves.rules.may_use(table, r) for r in before.ranks):
+        return None
+    for option in moves.options[table]:
+        if len(option.shards) == len(before.shards) and option_layout(option, before.ranks, moves.specs[table]) == before:
+            return option, before.ranks
+    return None
+
+
+def stay(moves: _Moves) -> None:
+    """Each table where the old plan had it, if it can be; the others laid out to move the
+    fewest bytes (then to keep the busiest rank lowest)."""
+    placed_later = []
+    for table in moves.specs:
+        kept = _kept(moves, table)
+        if kept is not None:
+            moves.set(table, *kept)
+        else:
+            placed_later.append(table)
+    if np.any(moves.loads.bytes > moves.caps):
+        raise InfeasiblePlanError("the old plan's layout does not fit the new cluster's memory; plan without --from")
+    order = sorted(placed_later, key=lambda t: -max(o.max_shard_ms for o in moves.options[t]))
+    for table in order:
+        others, admits = moves.without(table), moves.admits(table)
+        best = None
+        for option in moves.options[table]:
+            ranks = place_one(option, others, moves.caps, moves.cluster, admits)
+            if ranks is None:
+                continue
+            ms = others.ms.copy()
+            np.add.at(ms, ranks, option.shard_ms)
+            key = (moves.bytes_for(table, option, ranks), float(ms.max()), option.total_ms)
+            if best is None or key < best[0]:
+                best = (key, option, ranks)
+        if best is None:
+            raise InfeasiblePlanError(f"table '{table}' finds no rank with room beside the old plan's layout; plan without --from")
+        moves.set(table, best[1], best[2])
+
+
+def _score(ms: np.ndarray) -> tuple[float, int]:
+    peak = float(ms.max())
+    return peak, int(np.sum(ms >= peak * (1 - 1e-9)))
+
+
+def improve(moves: _Moves, budget_bytes: float, free: Assignment, max_steps: int) -> None:
+    """Re-lay tables of the busiest rank, best gain per byte first, within `budget_bytes`."""
+    for _ in range(max_steps):
+        peak, count = _score(moves.loads.ms)
+        top = int(np.argmax(moves.loads.ms))
+        spent = moves.total_moved()
+        best = None
+        for table in sorted(t for t, r in moves.assignment.shard_ranks.items() if top in r):
+            others, admits = moves.without(table), moves.admits(table)
+            candidates = [(o, place_one(o, others, moves.caps, moves.cluster, admits)) for o in moves.options[table]]
+            candidates += [(o, in_place(o, table, moves, others, admits)) for o in moves.options[table]]
+            target = free.choice[table], free.shard_ranks[table]
+            if all(map(admits, target[1])) and moves.fits(*target, others):
+                candidates.append(target)
+            for option, ranks in candidates:
+                if ranks is None:
+                    continue
+                ms = others.ms.copy()
+                np.add.at(ms, ranks, option.shard_ms)
+                new_peak, new_count = _score(ms)
+                if (new_peak, new_count) >= (peak, count) or new_peak > peak * (1 + 1e-12):
+                    continue
+                cost = moves.bytes_for(table, option, ranks)
+                if spent - moves.moved[table] + cost > budget_bytes:
+                    continue
+                gain = peak - new_peak if new_peak < peak * (1 - 1e-9) else 1e-6 * peak * (count - new_count)
+                ratio = gain / max(cost - moves.moved[table], MIN_BYTES)
+                if best is None or (ratio, gain) > best[0]:
+                    best = ((ratio, gain), table, option, ranks)
+        if best is None:
+            return
+        moves.set(best[1], best[2], best[3])
+
+
+def movable(base: _Moves, budget_bytes: float) -> set[str]:
+    """The tables free to move under `budget_bytes`: new ones (nothing of theirs moves), then
+    old ones smallest first while their bytes (a copy per rank a data-parallel table gains)
+    add up within the budget; the rest keep their stay layout."""
+    optimizer, world = base.problem.training.embedding_optimizer, base.cluster.world_size
+    free = {t for t in base.specs if t not in base.old.tables}
+    sizes = {t: rows_bytes(base.specs[t].num_embeddings, base.specs[t].embedding_dim, optimizer) for t in base.specs if t not in free}
+    spent = 0.0
+    for table in sorted(sizes, key=lambda t: (sizes[t], t)):
+        worst = sizes[table] * (world if base.old.tables[table].sharding_type == "data_parallel" else 1)
+        if spent + worst > budget_bytes:
+            break
+        free.add(table)
+        spent += worst
+    return free
+
+
+def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: float) -> Assignment:
+    """The planner's search with every table outside `free_tables` held to its stay layout
+    (its one option, pinned to its ranks), then relabelled to move the fewest bytes."""
+    options = {t: base.options[t] if t in free_tables else [base.assignment.choice[t]] for t in base.specs}
+    allowed = dict(base.rules.allowed)
+    for t in base.specs:
+        if t not in free_tables:
+            allowed[t] = frozenset(base.assignment.shard_ranks[t]) & allowed.get(t, frozenset(range(base.cluster.world_size)))
+    rules = RankRules(allowed, base.rules.apart)
+    solution = solve(options, base.cluster, replace(config, time_limit_s=seconds), rules=rules)
+    return align(solution.assignment, base)
+
+
+def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = None, config: SolverConfig | None = None,
+           max_move_bytes: int | None = None) -> Front:
+    """The front of (bytes moved, busiest rank) from `old` to a plan for `problem`; with
+    `max_move_bytes`, its one point for that budget (and the unconstrained plan, when that
+    moves no more)."""
+    start = time.monotonic()
+    config = config or SolverConfig()
+    constraints = problem.constraints
+    if constraints is not None and constraints.colocate:
+        raise ConfigError("plan --from does not take constraints.colocate yet; drop the groups or plan without --from")
+    cost_model = cost_model or AnalyticCostModel(problem.cluster, problem.training)
+    free_plan = make_plan(problem, cost_model, config)
+    options = enumerate_options(problem, cost_model)
+    rules = constraints.rank_rules([t.name for t in problem.tables]) if constraints is not None else RankRules()
+    base = _Moves(problem, old, options, rules)
+    free = Assignment()
+    for name, t in free_plan.tables.items():
+        option = next(o for o in options[name] if option_layout(o, t.ranks, base.specs[name]) == t)
+        free.choice[name], free.shard_ranks[name] = option, t.ranks
+    free = align(free, base)
+    free_plan = plan_from_solution(Solution(free, free_plan.max_rank_ms, free_plan.lower_bound_ms, free_plan.solver,
+                                            free_plan.solve_seconds), problem, cost_model.name)
+    stay(base)
+    optimizer = problem.training.embedding_optimizer
+    total = model_bytes(old, optimizer)
+    free_moved = sum(sum(moved_bytes(old.tables[n], t, old.ranks_per_node, problem.cluster.ranks_per_node, optimizer))
+                     for n, t in free_plan.tables.items() if n in old.tables)
+    least = base.total_moved()
+    if max_move_bytes is not None and max_move_bytes < least:
+        raise InfeasiblePlanError(f"the new plan moves at least {least / GIB:.3f} GiB (tables whose old layout cannot stay); "
+                                  f"give --max-move-gb {least / GIB:.3f} or more")
+    budgets = [max_move_bytes] if max_move_bytes is not None else sorted({max(least, f * total) for f in BUDGET_LADDER})
+    points = []
+    seconds = max(0.5, config.time_limit_s / len(budgets))
+    for budget in budgets:
+        moves = _Moves(problem, old, options, rules)
+        free_tables = movable(base, budget)
+        searched = keeping(base, free_tables, config, seconds) if free_tables else base.assignment
+        for table, option in searched.choice.items():
+            moves.set(table, option, searched.shard_ranks[table])
+        if moves.total_moved() > budget:  # the search moved more than the sizes promised: stay instead
+            for table, option in base.assignment.choice.items():
+                moves.set(table, option, base.assignment.shard_ranks[table])
+        improve(moves, budget, free, max_steps=20 * len(problem.tables))
+        solution = Solution(moves.assignment, float(moves.loads.ms.max()), free_plan.lower_bound_ms, "replan", time.monotonic() - start)
+        points.append(Replanned(plan_from_solution(solution, problem, cost_model.name), moves.total_moved(), int(budget)))
+    free_point = Replanned(free_plan, free_moved, None)
+    if max_move_bytes is None or free_moved <= max_move_bytes:
+        points.append(free_point)
+    front = []
+    for p in sorted(points, key=lambda p: (p.moved_bytes, p.plan.max_rank_ms)):
+        if not front or p.plan.max_rank_ms < front[-1].plan.max_rank_ms * (1 - 1e-9):
+            front.append(p)
+    return Front(front, total, free_point)

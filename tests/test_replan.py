@@ -1,0 +1,93 @@
+"""Replanning from an old plan (`plan --from`): what stays stays, the bytes counted are the
+bytes `diff` counts, every point within its budget, the front ends at the unconstrained plan."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from planner.constraints import constrain
+from planner.diff import diff_plans
+from planner.errors import InfeasiblePlanError
+from planner.planning import make_plan
+from planner.replan import replan
+from planner.solver import SolverConfig
+from tests.conftest import make_cluster, make_problem, table
+
+FAST = SolverConfig(time_limit_s=2)
+TABLES = [table(f"t{i}", 200_000 * (i + 1), 64, 1.0 + i) for i in range(6)]
+
+
+def problem_on(ranks, tables=TABLES):
+    return make_problem(tables, make_cluster(ranks_per_node=ranks))
+
+
+def moved(old, new):
+    d = diff_plans(old, new, "rowwise_adagrad")
+    return d.intra_node_bytes + d.inter_node_bytes
+
+
+def test_new_tables_are_placed_around_the_old_ones_moving_nothing():
+    old = make_plan(problem_on(4), config=FAST)
+    grown = problem_on(4, TABLES + [table("new_a", 300_000, 64, 3.0), table("new_b", 50_000, 32, 1.0)])
+    front = replan(grown, old, config=FAST, max_move_bytes=0)
+    point = front.points[0]
+    assert point.moved_bytes == 0 == moved(old, point.plan)
+    assert all(point.plan.tables[n] == old.tables[n] for n in old.tables)
+    assert {"new_a", "new_b"} <= set(point.plan.tables)
+
+
+def test_the_front_on_more_ranks_is_faster_per_byte_and_ends_at_the_unconstrained_plan():
+    old = make_plan(problem_on(2), config=FAST)
+    front = replan(problem_on(4), old, config=FAST)
+    assert len(front.points) >= 2
+    for a, b in zip(front.points, front.points[1:]):
+        assert a.moved_bytes <= b.moved_bytes and b.plan.max_rank_ms < a.plan.max_rank_ms
+    for p in front.points:
+        assert p.moved_bytes == moved(old, p.plan)  # the bytes diff would report
+        assert p.budget_bytes is None or p.moved_bytes <= p.budget_bytes
+    assert front.points[-1].plan.max_rank_ms == pytest.approx(front.free.plan.max_rank_ms)
+    assert front.points[0].plan.max_rank_ms > front.free.plan.max_rank_ms  # staying costs time here
+
+
+def test_the_unconstrained_plan_is_relabelled_to_move_fewer_bytes():
+    old = make_plan(problem_on(4), config=FAST)
+    new_problem = replace(problem_on(4), training=replace(problem_on(4).training, batch_size_per_rank=2048))
+    from_scratch = make_plan(new_problem, config=FAST)
+    front = replan(new_problem, old, config=FAST)
+    assert front.free.plan.max_rank_ms == pytest.approx(from_scratch.max_rank_ms)
+    assert front.free.moved_bytes <= moved(old, from_scratch)
+    assert front.free.moved_bytes == moved(old, front.free.plan)
+
+
+def test_a_budget_below_what_must_move_is_one_line():
+    old = make_plan(problem_on(2, [table("a", 100_000, 64, 1.0), table("r", 4_000_000, 64, 50.0)]), config=FAST)
+    forced = constrain(problem_on(4, [table("a", 100_000, 64, 1.0), table("r", 4_000_000, 64, 50.0)]), {"tables": [{"match": "r", "schemes": ["row_wise"]}]})  # a new world size re-cuts its rows
+    with pytest.raises(InfeasiblePlanError) as e:
+        replan(forced, old, config=FAST, max_move_bytes=0)
+    assert str(e.value).startswith("the new plan moves at least ") and str(e.value).endswith(" or more")
+    assert "\n" not in str(e.value)
+
+
+def test_plan_from_writes_the_front_and_refuses_bad_flags(tmp_path):
+    old = tmp_path / "old.json"
+    run = [sys.executable, "-m", "dlrm_scale.cli", "plan", "configs/tiny.yaml", "--time-limit", "2"]
+    subprocess.run(run + ["--out", str(old)], check=True, capture_output=True)
+    out = tmp_path / "new.json"
+    done = subprocess.run(run + ["--world-size", "4", "--from", str(old), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    fronts = sorted(tmp_path.glob("new.front-*.json"))
+    assert fronts and out.exists() and "vs unconstrained" in done.stdout
+    assert json.loads(out.read_text())["world_size"] == 4
+    budget = subprocess.run(run + ["--world-size", "4", "--from", str(old), "--max-move-gb", "0.5", "--out", str(out)],
+                            capture_output=True, text=True)
+    assert budget.returncode == 0, budget.stderr
+    for flags, line in [(["--max-move-gb", "1"], "error: --max-move-gb takes a non-negative number of GiB, with --from OLD.json"),
+                        (["--from", str(old), "--max-move-gb", "nan"], "error: --max-move-gb takes a non-negative number of GiB, with --from OLD.json"),
+                        (["--from", str(tmp_path / "none.json")], None)]:
+        bad = subprocess.run(run + flags + ["--out", str(out)], capture_output=True, text=True)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        if line:
+            assert bad.stderr.strip() == line
