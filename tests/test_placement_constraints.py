@@ -14,8 +14,8 @@ from planner.cost_model import AnalyticCostModel
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.planning import make_plan
 from planner.solver import SolverConfig
-from planner.types import TIERS, Placement
 from tests.conftest import make_cluster, make_problem, table
+from tests.test_solver import brute_force_peak
 
 TABLES = [table("hot_0", 400_000, 64, 20.0), table("hot_1", 300_000, 64, 12.0), table("hot_2", 200_000, 64, 8.0),
           table("side_a", 100_000, 32, 2.0), table("side_b", 50_000, 32, 1.0)]
@@ -56,37 +56,6 @@ def test_every_solver_path_keeps_pins_groups_and_apart(path):
     assert ranks_of(free, "hot_0") - {2, 3} or ranks_of(free, "side_a") != ranks_of(free, "side_b")  # the rules bind
 
 
-def brute_force(options_by_table, cluster, allowed, apart):
-    """Every option and placement that keeps to the pins and the apart group, checked against memory."""
-    world, local = cluster.world_size, cluster.ranks_per_node
-    caps = np.array([cluster.capacity_bytes_per_rank(t) for t in TIERS])
-
-    def placements(table, o):
-        n = len(o.shards)
-        if o.placement is Placement.EVERY_RANK:
-            spots = [list(range(world))]
-        elif o.placement is Placement.NODE_RANKS:
-            spots = [[node * local + i for i in range(n)] for node in range(cluster.num_nodes)]
-        else:
-            spots = [list(p) for p in itertools.product(range(world), repeat=n)
-                     if o.placement is Placement.ANY_RANK or len({r // local for r in p}) == 1]
-        return [(o, p) for p in spots if set(p) <= allowed.get(table, set(range(world)))]
-
-    names = list(options_by_table)
-    best = np.inf
-    for combo in itertools.product(*[[pl for o in options_by_table[t] for pl in placements(t, o)] for t in names]):
-        where = {t: set(p) for t, (_, p) in zip(names, combo)}
-        if any(where[a] & where[b] for a, b in itertools.combinations(apart, 2)):
-            continue
-        ms, mem = np.zeros(world), np.zeros((world, len(TIERS)))
-        for o, ranks in combo:
-            np.add.at(ms, ranks, o.shard_ms)
-            np.add.at(mem, ranks, o.shard_bytes)
-        if np.all(mem <= caps):
-            best = min(best, ms.max())
-    return best
-
-
 @pytest.mark.parametrize("path", PATHS)
 def test_the_bound_stays_below_the_constrained_optimum(path):
     tables = TABLES[:3]
@@ -96,7 +65,7 @@ def test_the_bound_stays_below_the_constrained_optimum(path):
     problem = constrained(section, tables, num_nodes=1, ranks_per_node=3)
     plan = make_plan(problem, config=PATHS[path])
     options = enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
-    optimum = brute_force(options, problem.cluster, {"hot_0": {0, 1}}, ["hot_0", "hot_1"])
+    optimum = brute_force_peak(options, problem.cluster, {"hot_0": {0, 1}}, ["hot_0", "hot_1"])
     assert plan.lower_bound_ms <= optimum + 1e-9 <= plan.max_rank_ms + 1e-9
     assert ranks_of(plan, "hot_0") <= {0, 1}
     check_apart(plan, ["hot_0", "hot_1"])

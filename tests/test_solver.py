@@ -13,8 +13,10 @@ from planner.types import TIERS, Placement
 from tests.conftest import make_cluster, make_problem, table
 
 
-def brute_force_peak(options_by_table, cluster) -> float:
-    """Every option choice and every placement, checked against every capacity."""
+def brute_force_peak(options_by_table, cluster, allowed=None, apart=()) -> float:
+    """Every option choice and every placement, checked against every capacity; with
+    `allowed` (table -> its ranks) and `apart` (tables no rank may hold two of), only the
+    placements that keep to them."""
     world, local = cluster.world_size, cluster.ranks_per_node
     caps = np.array([cluster.capacity_bytes_per_rank(t) for t in TIERS])
     best = np.inf
@@ -33,8 +35,13 @@ def brute_force_peak(options_by_table, cluster) -> float:
             yield from (list(p) for p in itertools.product(range(world), repeat=n))
 
     tables = list(options_by_table)
-    per_table = [[(o, p) for o in options_by_table[t] for p in placements(o)] for t in tables]
+    allowed = allowed or {}
+    per_table = [[(o, p) for o in options_by_table[t] for p in placements(o) if set(p) <= allowed.get(t, set(range(world)))]
+                 for t in tables]
     for combo in itertools.product(*per_table):
+        where = {t: set(p) for t, (_, p) in zip(tables, combo)}
+        if any(where[a] & where[b] for a, b in itertools.combinations(apart, 2)):
+            continue
         ms = np.zeros(world)
         mem = np.zeros((world, len(TIERS)))
         for o, ranks in combo:
