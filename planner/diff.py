@@ -56,7 +56,7 @@ def layout(t: TablePlan) -> str:
     return f"{t.sharding_type} {t.compute_kernel} on {rank_list(t.ranks)}"
 
 
-def _overlap(a: PlannedShard, b: PlannedShard) -> tuple[int, int]:
+def shared_block(a: PlannedShard, b: PlannedShard) -> tuple[int, int]:
     """Rows and columns of the block two shards share."""
     rows = min(a.row_offset + a.rows, b.row_offset + b.rows) - max(a.row_offset, b.row_offset)
     cols = min(a.col_offset + a.cols, b.col_offset + b.cols) - max(a.col_offset, b.col_offset)
@@ -77,7 +77,7 @@ def arrivals(shard: PlannedShard, old: TablePlan, old_ranks_per_node: int, new_r
     for source in old.shards:
         if source.rank == shard.rank:
             continue
-        rows, cols = _overlap(shard, source)
+        rows, cols = shared_block(shard, source)
         if rows and cols:
             size = rows_bytes(rows, cols, optimizer)
             if source.rank // old_ranks_per_node == shard.rank // new_ranks_per_node:

@@ -39,7 +39,7 @@ from ortools.graph.python import linear_sum_assignment
 from planner.assignment import Assignment, RankLoads, rank_capacities
 from planner.candidates import enumerate_options
 from planner.cost_model import AnalyticCostModel, CostModel, rows_bytes
-from planner.diff import arrivals, moved_bytes
+from planner.diff import arrivals, moved_bytes, shared_block
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.greedy import place_one
 from planner.placement_rules import Occupancy, RankRules
@@ -160,8 +160,7 @@ def align(free: Assignment, moves: _Moves) -> Assignment:
             cost = 0
             for t, i in block:
                 if t in moves.old.tables:
-                    shard = option_layout(free.choice[t], [b], moves.specs[t]).shards[0] if len(free.choice[t].shards) == 1 else \
-                        option_layout(free.choice[t], [b] * len(free.choice[t].shards), moves.specs[t]).shards[i]
+                    shard = option_layout(free.choice[t], [b] * len(free.choice[t].shards), moves.specs[t]).shards[i]
                     cost += sum(arrivals(shard, moves.old.tables[t], old_local, local, optimizer)) // 1024
             solver.add_arc_with_cost(a, b, cost)
     if solver.solve() != solver.OPTIMAL:
@@ -191,10 +190,8 @@ def in_place(option: ShardingOption, table: str, moves: _Moves, others: RankLoad
     for i, shard in enumerate(layout.shards):
         overlap = {}
         for source in before.shards:
-            rows = min(shard.row_offset + shard.rows, source.row_offset + source.rows) - max(shard.row_offset, source.row_offset)
-            cols = min(shard.col_offset + shard.cols, source.col_offset + source.cols) - max(shard.col_offset, source.col_offset)
-            if rows > 0 and cols > 0:
-                overlap[source.rank] = overlap.get(source.rank, 0) + rows * cols
+            rows, cols = shared_block(shard, source)
+            overlap[source.rank] = overlap.get(source.rank, 0) + rows * cols
         claimed = [r for r in sorted(overlap, key=lambda r: -overlap[r]) if r not in ranks]  # one shard stays per old rank
         order = claimed[:1] + sorted(range(len(ms)), key=lambda r: (ms[r], r))
         rank = next((r for r in order if r < len(ms) and admits(r) and np.all(used[r] + option.shard_bytes[i] <= moves.caps)), None)
