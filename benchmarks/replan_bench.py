@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from dlrm_scale.run_config import load_problem  # noqa: E402
 from planner.planning import make_plan  # noqa: E402
-from planner.replan import GIB, replan  # noqa: E402
+from planner.replan import replan  # noqa: E402
+from planner.specs import GIB  # noqa: E402
 from planner.specs import TableSpec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "replan.json"

@@ -295,7 +295,8 @@ def run_plan(args: argparse.Namespace) -> int:
 def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_gb: float | None, out: Path) -> Plan:
     """The plan `--from` gives: within `max_move_gb`, the fastest found; without it, the front
     printed and written beside OUT (OUT.front-K.json), OUT itself the fastest point."""
-    from planner.replan import GIB, replan
+    from planner.replan import replan
+    from planner.specs import GIB
 
     front = replan(problem, old, cost_model, solver, None if max_move_gb is None else int(max_move_gb * GIB))
     print(front.format())

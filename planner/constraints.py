@@ -252,8 +252,8 @@ def _entries(section: dict, key: str, what: str) -> list:
 
 
 def _check_groups(colocate: tuple[GroupRule, ...], apart: tuple[GroupRule, ...]) -> None:
-    """A table in two co-located groups would join them (say so, once, by merging them); two
-    tables both co-located and kept apart contradict each other."""
+    """A table in two co-located groups (which would join them: the user merges them, so the
+    config says what it means), or two tables both co-located and kept apart: one line."""
     owner: dict[str, GroupRule] = {}
     for group in colocate:
         for table in group.tables:

@@ -120,8 +120,7 @@ def solve_joint(
                     model.Add(sum(on_node) == choose)
                 per_shard = []
                 for i, shard in enumerate(o.shards):
-                    x = {r: model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world) if rules.may_use(table, r)}
-                    model.Add(sum(x.values()) == choose)
+                    x = _rank_literals(model, table, k, i, choose, rules, world)
                     for r, lit in x.items():
                         charge(r, shard, lit, table)
                         if on_node is not None:
@@ -173,6 +172,13 @@ def solve_joint(
         else:
             out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in extra[1]]
     return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
+
+
+def _rank_literals(model: cp_model.CpModel, table: str, k: int, i: int, choose, rules: RankRules, world: int) -> dict:
+    """A literal per rank the table may use for shard `i` of its option `k`, one of them true when the option is chosen."""
+    x = {r: model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world) if rules.may_use(table, r)}
+    model.Add(sum(x.values()) == choose)
+    return x
 
 
 def _node_literals(model: cp_model.CpModel, table: str, k: int, option: ShardingOption, rules: RankRules, local: int, nodes: int) -> list:
@@ -404,8 +410,7 @@ def solve_class_model(
             elif rules.restricts(table):
                 per_shard = []
                 for i in range(len(o.shards)):
-                    x = {r: model.NewBoolVar(f"x[{table},{k},{i},{r}]") for r in range(world) if rules.may_use(table, r)}
-                    model.Add(sum(x.values()) == choose)
+                    x = _rank_literals(model, table, k, i, choose, rules, world)
                     for r, lit in x.items():
                         place(r, i, lit)
                         model.AddHint(lit, hint.choice.get(table) is o and hint.shard_ranks[table][i] == r)

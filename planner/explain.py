@@ -22,6 +22,7 @@ from planner.candidates import enumerate_options
 from planner.constraints import Constraints
 from planner.cost_model import CostModel
 from planner.greedy import place_one
+from planner.placement_rules import RankRules
 from planner.plan import Plan
 from planner.report import rank_list
 from planner.scoring import costed_options
@@ -104,12 +105,11 @@ def force_table(option: ShardingOption, others: RankLoads, caps: np.ndarray, clu
     return replace(force(option, others, caps, cluster), binds=f"forbidden by {rule.describe()}")
 
 
-def _admitting(plan: Plan, constraints: Constraints | None, table: str) -> Callable[[int], bool]:
+def _admitting(plan: Plan, constraints: Constraints | None, rules: RankRules, table: str) -> Callable[[int], bool]:
     """The ranks `table` may move to with every other table where the plan has it."""
     if constraints is None:
         return lambda rank: True
-    names = list(plan.tables)
-    occupancy = constraints.rank_rules(names).occupancy({n: t.ranks for n, t in plan.tables.items() if n != table})
+    occupancy = rules.occupancy({n: t.ranks for n, t in plan.tables.items() if n != table})
     group = next((g for g in constraints.colocate if g.applies_to(table)), None)
     mates = {r for n in group.tables if n != table for r in plan.tables[n].ranks} if group else None
     return lambda rank: occupancy.admits(table, rank) and (mates is None or rank in mates)
@@ -134,13 +134,14 @@ def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: 
     names = [table] if table is not None else list(plan.tables)
     # every option, those the constraints forbid included: forcing one shows what the constraint costs
     options = enumerate_options(replace(problem, constraints=None), cost_model)
+    rules = problem.constraints.rank_rules(list(plan.tables)) if problem.constraints is not None else RankRules()
     explained = []
     for name in names:
         chosen, ranks = costed[name], plan.tables[name].ranks
         others = RankLoads(loads.ms.copy(), loads.bytes.copy())
         others.add(chosen, ranks, sign=-1)
         # every option, the chosen one included: re-placed, it shows whether the table sits well
-        admits = _admitting(plan, problem.constraints, name)
+        admits = _admitting(plan, problem.constraints, rules, name)
         forced = [force_table(o, others, caps, cluster, problem.constraints, name, admits) for o in options[name]]
         forced = [f for f in forced if not (same_layout(f.option, chosen) and f.ranks == ranks)]
         forced.sort(key=lambda f: (f.max_rank_ms is None, f.max_rank_ms or 0.0))

@@ -324,7 +324,7 @@ class _FreeShardMoves:
         for item in self.free_on[top]:
             c = self.cost(item)
             gain = peak - max(peak - c, loads.ms[dst] + c)
-            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)) and self._admits_move(item, top, dst):
+            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)) and self.occupancy.admits_move(item[0], top, dst):
                 best, best_gain = (item, None), gain
         for a in self.free_on[top]:
             ca = self.cost(a)
@@ -341,12 +341,6 @@ class _FreeShardMoves:
                             and self.occupancy.admits_swap(a[0], top, b[0], dst)):
                         best, best_gain = (a, b), gain
         return best
-
-    def _admits_move(self, item: tuple[str, int], src: int, dst: int) -> bool:
-        self.occupancy.add(item[0], src, -1)
-        ok = self.occupancy.admits(item[0], dst)
-        self.occupancy.add(item[0], src)
-        return ok
 
 
 def refine_by_splitting(

@@ -75,6 +75,13 @@ class Occupancy:
             return False
         return all(self.holder.get((g, rank), set()) <= {table} for g in self.rules.apart.get(table, ()))
 
+    def admits_move(self, table: str, src: int, dst: int) -> bool:
+        """Whether a shard of `table` may go from `src` to `dst`."""
+        self.add(table, src, -1)
+        ok = self.admits(table, dst)
+        self.add(table, src)
+        return ok
+
     def admits_swap(self, a: str, src: int, b: str, dst: int) -> bool:
         """Whether `a` may go from `src` to `dst` while `b` goes from `dst` to `src`."""
         self.add(a, src, -1)

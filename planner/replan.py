@@ -46,10 +46,9 @@ from planner.placement_rules import Occupancy, RankRules
 from planner.plan import Plan, TablePlan
 from planner.planning import make_plan, option_layout, plan_from_solution
 from planner.solver import Solution, SolverConfig, solve
-from planner.specs import PlanningProblem
+from planner.specs import GIB, PlanningProblem
 from planner.types import Placement, ShardingOption
 
-GIB = 2**30
 BUDGET_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # fractions of the model's bytes, for the front
 MIN_BYTES = 2**20  # a change that moves (almost) nothing is priced as moving 1 MiB
 
@@ -269,7 +268,7 @@ def improve(moves: _Moves, budget_bytes: float, free: Assignment, max_steps: int
                 ms = others.ms.copy()
                 np.add.at(ms, ranks, option.shard_ms)
                 new_peak, new_count = _score(ms)
-                if (new_peak, new_count) >= (peak, count) or new_peak > peak * (1 + 1e-12):
+                if (new_peak, new_count) >= (peak, count):
                     continue
                 cost = moves.bytes_for(table, option, ranks)
                 if spent - moves.moved[table] + cost > budget_bytes:

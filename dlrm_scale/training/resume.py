@@ -13,6 +13,7 @@ from dlrm_scale.training import checkpoint as ckpt
 from planner.diff import diff_plans
 from planner.errors import PlannerError
 from planner.plan import Plan
+from planner.specs import GIB
 
 NO_BAD_STEP = 2**62
 
@@ -26,7 +27,8 @@ class Checkpoints:
                  seed: int, rank: int) -> None:
         self.config, self.model, self.optimizer, self.tiered = config, model, optimizer, tiered
         # the plan's layout goes with each checkpoint, so a run resumed under another plan can say what moved
-        self.meta = {"plan_digest": ckpt.plan_digest(plan.to_dict()), "seed": seed, "plan": plan.to_dict()}
+        layout = plan.to_dict()
+        self.meta = {"plan_digest": ckpt.plan_digest(layout), "seed": seed, "plan": layout}
         self.plan, self.embedding_optimizer = plan, embedding_optimizer
         self.rank = rank
 
@@ -74,8 +76,8 @@ class Checkpoints:
         except PlannerError:
             return "; saved under another plan (its layout is unreadable, so what moved is not known)"
         change = diff_plans(before, self.plan, self.embedding_optimizer)
-        return (f"; saved under another plan: {len(change.changes)} tables changed layout, {change.intra_node_bytes / 2**30:.3f} GiB "
-                f"moved within nodes and {change.inter_node_bytes / 2**30:.3f} GiB across")
+        return (f"; saved under another plan: {len(change.changes)} tables changed layout, {change.intra_node_bytes / GIB:.3f} GiB "
+                f"moved within nodes and {change.inter_node_bytes / GIB:.3f} GiB across")
 
     def stop_on_bad_loss(self, local_bad_step: int) -> None:
         """Every rank's first non-finite step (NO_BAD_STEP: none); stop, naming what is kept, if any."""
