@@ -226,8 +226,9 @@ class Constraints:
         return (frozenset.intersection(*(r.ranks for r in pins)) if pins else None), pins
 
     def rank_rules(self, table_names: Sequence[str]) -> RankRules:
-        """Where each table's shards may go; one line when a table's pins share no rank or a
-        keep-apart group has more tables than its ranks."""
+        """Where each table's shards may go; one line when a table's pins share no rank, nor
+        the pins of a co-located group's tables, or a keep-apart group has more tables than
+        its ranks."""
         allowed = {}
         for table in table_names:
             ranks, pins = self.pinned_ranks(table)
@@ -236,6 +237,12 @@ class Constraints:
                                           "loosen one of them")
             if ranks is not None:
                 allowed[table] = ranks
+        for group in self.colocate:
+            pins = [r for t in group.tables for r in self.pinned_ranks(t)[1]]
+            if pins and not frozenset.intersection(*(allowed[t] for t in group.tables if t in allowed)):
+                named = " and ".join(dict.fromkeys(r.describe() for r in [group, *pins]))
+                raise InfeasiblePlanError(f"the tables of constraints.colocate[{group.index}] share no rank under {named}; "
+                                          "loosen one of them")
         apart: dict[str, tuple[int, ...]] = {}
         for group in self.apart:
             for table in group.tables:

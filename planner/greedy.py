@@ -106,7 +106,7 @@ def _no_room(option: ShardingOption, cluster: ClusterSpec, rules: RankRules) -> 
     tier = cluster.device_tier
     need = sum(s.storage.of_tier(tier) for s in option.shards)
     have = cluster.capacity_bytes_per_rank(tier) * cluster.world_size
-    where = "among the ranks its constraints allow" if rules.restricts(option.table) else ""
+    where = "among the ranks its constraints allow " if rules.restricts(option.table) else ""
     return InfeasiblePlanError(
         f"table '{option.table}' ({option.label}, {need:,} bytes of {tier}) found no rank with room left {where}"
         f"after the other tables ({have:,} bytes of {tier} in the cluster); add ranks or memory per rank"

@@ -96,6 +96,9 @@ def test_a_colocated_group_is_searched_as_one_table_on_its_pareto_front():
     ({"colocate": [["hot_0", "side_a"]], "tables": [{"match": "hot_0", "schemes": ["row_wise", "column_wise"]}]},
      "table 'hot_0' has no option left under constraints.tables[0] ('hot_0': schemes row_wise/column_wise) and "
      "constraints.colocate[0] (hot_0, side_a: placed whole on one rank together); loosen one of them"),
+    ({"colocate": [["hot_0", "side_a"]], "tables": [{"match": "hot_0", "ranks": [0]}, {"match": "side_a", "ranks": [1]}]},
+     "the tables of constraints.colocate[0] share no rank under constraints.colocate[0] (hot_0, side_a: placed whole on one "
+     "rank together) and constraints.tables[0] ('hot_0': ranks 0) and constraints.tables[1] ('side_a': ranks 1); loosen one of them"),
     ({"tables": [{"match": "hot_0", "ranks": [0, 1], "schemes": ["row_wise"]}]},
      "table 'hot_0' has no option left under constraints.tables[0] ('hot_0': schemes row_wise, ranks 0/1); loosen it"),
 ])
