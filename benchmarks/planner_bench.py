@@ -43,10 +43,10 @@ def memory_ok(plan, cluster) -> bool:
     return all(r.memory.of_tier(t) <= cluster.capacity_bytes_per_rank(t) for r in plan.ranks for t in TIERS)
 
 
-def _torchrec_child(kind, tables, ranks, queue):
+def _torchrec_child(kind, tables, ranks, queue, problem_of=workload):
     from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
 
-    problem = workload(kind, tables, ranks)
+    problem = problem_of(kind, tables, ranks)
     try:
         plan, seconds = torchrec_planner_plan(problem)
         queue.put(("ok", plan.to_dict(), seconds))
@@ -54,10 +54,11 @@ def _torchrec_child(kind, tables, ranks, queue):
         queue.put(("error", f"{type(e).__name__}: {str(e)[:200]}", 0.0))
 
 
-def run_torchrec_planner(kind, tables, ranks, timeout_s):
+def run_torchrec_planner(kind, tables, ranks, timeout_s, problem_of=workload):
+    """TorchRec's planner on problem_of(kind, tables, ranks) in a child process, with a time limit."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_torchrec_child, args=(kind, tables, ranks, queue))
+    proc = ctx.Process(target=_torchrec_child, args=(kind, tables, ranks, queue, problem_of))
     start = time.perf_counter()
     proc.start()
     proc.join(timeout_s)

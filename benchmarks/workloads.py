@@ -41,3 +41,23 @@ WORKLOADS = [
     ("synthetic_1000x128", "synthetic", 1000, 128, True),
     ("synthetic_2000x1024", "synthetic", 2000, 1024, False),
 ]
+
+
+# MLPerf Training DLRM-DCNv2 (Criteo 1TB multi-hot): rows per table, capped at 40M, and the
+# multi-hot sizes the reference's synthetic multi-hot data draws per sample; dim 128.
+MLPERF_MULTIHOT_ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+                        11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+MLPERF_MULTIHOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+def held_out(kind: str, world_size: int, seed: int = 0) -> PlanningProblem:
+    """Workloads no part of the planner was tuned on, on TorchRec's default topology:
+    "mlperf_multihot" (the 26 tables above) or "synthetic107" (107 seeded tables)."""
+    from dlrm_scale.bridge.torchrec_cost import torchrec_default_cluster
+
+    if kind == "mlperf_multihot":
+        tables = tuple(TableSpec(f"cat_{i}", rows, 128, float(hot))
+                       for i, (rows, hot) in enumerate(zip(MLPERF_MULTIHOT_ROWS, MLPERF_MULTIHOT_SIZES)))
+    else:
+        tables = tuple(synthetic_tables(107, seed))
+    return PlanningProblem(tables, torchrec_default_cluster(world_size), TrainingSpec(GLOBAL_BATCH // world_size))

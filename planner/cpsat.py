@@ -319,9 +319,10 @@ def _repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]]
 
 @dataclass(frozen=True)
 class ClassModelResult:
-    assignment: Assignment | None  # None when the counts could not be matched to memory
+    assignment: Assignment | None  # None when none was found, or its counts could not be matched to memory
     bound_ms: float | None  # None when the model left options out, so it bounds nothing
-    optimal: bool
+    optimal: bool  # the search finished: the bound is the optimum, or (under a cap) the cap is refuted
+    deterministic_s: float  # CP-SAT's deterministic time spent
 
 
 def class_model_size(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, unit_ms: float) -> int:
@@ -336,18 +337,7 @@ def class_model_size(options_by_table: Mapping[str, Sequence[ShardingOption]], c
     return len(classes) * cluster.world_size + sum(len(opts) for opts in options_by_table.values())
 
 
-def solve_class_model(
-    options_by_table: Mapping[str, Sequence[ShardingOption]],
-    cluster: ClusterSpec,
-    hint: Assignment,
-    unit_ms: float,
-    max_deterministic_s: float,
-    max_wall_s: float,
-    seed: int,
-    known_bound_ms: float = 0.0,
-    relative_gap: float = 0.0,
-    rules: RankRules = RankRules(),
-) -> ClassModelResult | None:
+class ClassModel:
     """Choose options and how many shards of each cost class every rank takes.
 
     Ranks are identical and many shards cost the same (TorchRec's estimate does not depend on
@@ -360,115 +350,145 @@ def solve_class_model(
     is reported only when each of them has a column_wise twin of equal shards. Shards of
     tables with pins or keep-apart groups are placed by a variable per rank, as in the joint
     model, not counted.
+
+    Built once and solved as often as asked: optimising, or under a cap on the busiest rank
+    (the bisection's question), which only narrows the peak's domain.
     """
-    world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
-    model = cp_model.CpModel()
-    load = [[] for _ in range(world)]
-    caps_kib = rank_capacities(cluster) // KIB
-    fixed_kib = [[[] for _ in TIERS] for _ in range(world)]  # per rank and tier: (KiB, literal)
-    total_kib = [[] for _ in TIERS]  # the whole cluster's demand per tier
 
-    def hold(rank: int | None, shard_bytes: np.ndarray, lit) -> None:
-        for ti, b in enumerate(shard_bytes.tolist()):
-            if b:
-                total_kib[ti].append((_kib_up(b), lit))
-                if rank is not None:
-                    fixed_kib[rank][ti].append((_kib_up(b), lit))
+    def __init__(
+        self,
+        options_by_table: Mapping[str, Sequence[ShardingOption]],
+        cluster: ClusterSpec,
+        hint: Assignment,
+        unit_ms: float,
+        known_bound_ms: float = 0.0,
+        rules: RankRules = RankRules(),
+    ) -> None:
+        world, local, nodes = cluster.world_size, cluster.ranks_per_node, cluster.num_nodes
+        model = cp_model.CpModel()
+        load = [[] for _ in range(world)]
+        caps_kib = rank_capacities(cluster) // KIB
+        fixed_kib = [[[] for _ in TIERS] for _ in range(world)]  # per rank and tier: (KiB, literal)
+        total_kib = [[] for _ in TIERS]  # the whole cluster's demand per tier
 
-    class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
-    present: dict[tuple[str, int], list] = {}
-    decode = []
-    left_out = False
-    for table, options in options_by_table.items():
-        chooses = []
-        for k, o in enumerate(options):
-            if o.placement is Placement.ONE_NODE:
-                # Leaving out an option that a free-placement twin with the same shard costs and
-                # sizes dominates (table_column_wise beside column_wise, usually) keeps the bound.
-                left_out = left_out or not any(_same_shards(o, twin) for twin in options if twin.placement is Placement.ANY_RANK)
-                continue
-            choose = model.NewBoolVar(f"c[{table},{k}]")
-            chooses.append(choose)
-            model.AddHint(choose, hint.choice.get(table) is o)
-            def place(rank: int, i: int, lit) -> None:
-                load[rank].append((_ticks(float(o.shard_ms[i]), unit_ms), lit))
-                hold(rank, o.shard_bytes[i], lit)
-                if table in rules.apart:
-                    present.setdefault((table, rank), []).append(lit)
+        def hold(rank: int | None, shard_bytes: np.ndarray, lit) -> None:
+            for ti, b in enumerate(shard_bytes.tolist()):
+                if b:
+                    total_kib[ti].append((_kib_up(b), lit))
+                    if rank is not None:
+                        fixed_kib[rank][ti].append((_kib_up(b), lit))
 
-            if o.placement is Placement.EVERY_RANK:
-                for r in range(world):
-                    place(r, r, choose)
-                decode.append((table, o, choose, None))
-            elif o.placement is Placement.NODE_RANKS:
-                at = _node_literals(model, table, k, o, rules, local, nodes)
-                model.Add(sum(at) == choose)
-                for n in range(nodes):
+        class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
+        present: dict[tuple[str, int], list] = {}
+        decode = []
+        left_out = False
+        for table, options in options_by_table.items():
+            chooses = []
+            for k, o in enumerate(options):
+                if o.placement is Placement.ONE_NODE:
+                    # Leaving out an option that a free-placement twin with the same shard costs and
+                    # sizes dominates (table_column_wise beside column_wise, usually) keeps the bound.
+                    left_out = left_out or not any(_same_shards(o, twin) for twin in options if twin.placement is Placement.ANY_RANK)
+                    continue
+                choose = model.NewBoolVar(f"c[{table},{k}]")
+                chooses.append(choose)
+                model.AddHint(choose, hint.choice.get(table) is o)
+                def place(rank: int, i: int, lit) -> None:
+                    load[rank].append((_ticks(float(o.shard_ms[i]), unit_ms), lit))
+                    hold(rank, o.shard_bytes[i], lit)
+                    if table in rules.apart:
+                        present.setdefault((table, rank), []).append(lit)
+
+                if o.placement is Placement.EVERY_RANK:
+                    for r in range(world):
+                        place(r, r, choose)
+                    decode.append((table, o, choose, None))
+                elif o.placement is Placement.NODE_RANKS:
+                    at = _node_literals(model, table, k, o, rules, local, nodes)
+                    model.Add(sum(at) == choose)
+                    for n in range(nodes):
+                        for i in range(len(o.shards)):
+                            place(n * local + i, i, at[n])
+                    decode.append((table, o, choose, at))
+                elif rules.restricts(table):
+                    per_shard = []
                     for i in range(len(o.shards)):
-                        place(n * local + i, i, at[n])
-                decode.append((table, o, choose, at))
-            elif rules.restricts(table):
-                per_shard = []
-                for i in range(len(o.shards)):
-                    x = _rank_literals(model, table, k, i, choose, rules, world)
-                    for r, lit in x.items():
-                        place(r, i, lit)
-                        model.AddHint(lit, hint.choice.get(table) is o and hint.shard_ranks[table][i] == r)
-                    per_shard.append(x)
-                decode.append((table, o, choose, per_shard))
-            else:
-                for i, ms in enumerate(o.shard_ms.tolist()):
-                    class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
-                    hold(None, o.shard_bytes[i], choose)
-                decode.append((table, o, choose, None))
-        model.AddExactlyOne(chooses)
-    keep_apart(model, present, rules, range(world))
+                        x = _rank_literals(model, table, k, i, choose, rules, world)
+                        for r, lit in x.items():
+                            place(r, i, lit)
+                            model.AddHint(lit, hint.choice.get(table) is o and hint.shard_ranks[table][i] == r)
+                        per_shard.append(x)
+                    decode.append((table, o, choose, per_shard))
+                else:
+                    for i, ms in enumerate(o.shard_ms.tolist()):
+                        class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
+                        hold(None, o.shard_bytes[i], choose)
+                    decode.append((table, o, choose, None))
+            model.AddExactlyOne(chooses)
+        keep_apart(model, present, rules, range(world))
 
-    hinted_counts = {c: [0] * world for c in class_members}
-    for c, members in class_members.items():
-        for _, table, o, i in members:
-            if hint.choice.get(table) is o:
-                hinted_counts[c][hint.shard_ranks[table][i]] += 1
-    counts = {}
-    for c, members in class_members.items():
-        n = [model.NewIntVar(0, len(members), f"n[{c},{r}]") for r in range(world)]
-        model.Add(sum(n) == sum(lit for lit, *_ in members))
+        hinted_counts = {c: [0] * world for c in class_members}
+        for c, members in class_members.items():
+            for _, table, o, i in members:
+                if hint.choice.get(table) is o:
+                    hinted_counts[c][hint.shard_ranks[table][i]] += 1
+        counts = {}
+        for c, members in class_members.items():
+            n = [model.NewIntVar(0, len(members), f"n[{c},{r}]") for r in range(world)]
+            model.Add(sum(n) == sum(lit for lit, *_ in members))
+            for r in range(world):
+                load[r].append((c, n[r]))
+                model.AddHint(n[r], hinted_counts[c][r])
+            counts[c] = n
+        horizon = sum(max(_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
+        peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), horizon, "peak")
         for r in range(world):
-            load[r].append((c, n[r]))
-            model.AddHint(n[r], hinted_counts[c][r])
-        counts[c] = n
-    horizon = sum(max(_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
-    peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), horizon, "peak")
-    for r in range(world):
-        model.Add(sum(c * v for c, v in load[r]) <= peak)
-    for ti in range(len(TIERS)):
-        for r in range(world):
-            if fixed_kib[r][ti]:
-                model.Add(sum(c * v for c, v in fixed_kib[r][ti]) <= int(caps_kib[ti]))
-        if total_kib[ti]:
-            model.Add(sum(c * v for c, v in total_kib[ti]) <= int(caps_kib[ti]) * world)
-    model.Minimize(peak)
-    solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    bound = None if left_out else solver.BestObjectiveBound() * unit_ms
-    out = Assignment()
-    for table, o, choose, at in decode:
-        if not solver.BooleanValue(choose):
-            continue
-        out.choice[table] = o
-        if o.placement is Placement.EVERY_RANK:
-            out.shard_ranks[table] = list(range(world))
-        elif o.placement is Placement.NODE_RANKS:
-            node = next(n for n, lit in enumerate(at) if solver.BooleanValue(lit))
-            out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
-        elif at is not None:  # placed by its own variables
-            out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in at]
-        else:
-            out.shard_ranks[table] = [-1] * len(o.shards)
-    placed = _place_by_counts(out, class_members, {c: [solver.Value(v) for v in n] for c, n in counts.items()}, cluster)
-    return ClassModelResult(out if placed else None, bound, status == cp_model.OPTIMAL)
+            model.Add(sum(c * v for c, v in load[r]) <= peak)
+        for ti in range(len(TIERS)):
+            for r in range(world):
+                if fixed_kib[r][ti]:
+                    model.Add(sum(c * v for c, v in fixed_kib[r][ti]) <= int(caps_kib[ti]))
+            if total_kib[ti]:
+                model.Add(sum(c * v for c, v in total_kib[ti]) <= int(caps_kib[ti]) * world)
+        model.Minimize(peak)
+        self.model, self.peak, self.cluster, self.unit_ms = model, peak, cluster, unit_ms
+        self.decode, self.class_members, self.counts, self.left_out = decode, class_members, counts, left_out
+        self.floor_ticks, self.horizon = min(_ticks(known_bound_ms, unit_ms), horizon), horizon
+
+    def solve(self, max_deterministic_s: float, max_wall_s: float, seed: int, relative_gap: float = 0.0,
+              peak_at_most_ms: float | None = None) -> ClassModelResult:
+        """The best plan found, or (with `peak_at_most_ms`) any plan with every rank at or under
+        it; a proof that none exists is a bound (`optimal` with no assignment)."""
+        world, local, unit_ms = self.cluster.world_size, self.cluster.ranks_per_node, self.unit_ms
+        cap = self.horizon if peak_at_most_ms is None else min(self.horizon, _ticks(peak_at_most_ms, unit_ms))
+        domain = self.model.Proto().variables[self.peak.Index()].domain
+        domain[0], domain[1] = min(self.floor_ticks, cap), cap
+        solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
+        status = solver.Solve(self.model)
+        spent = solver.deterministic_time
+        if status == cp_model.INFEASIBLE and peak_at_most_ms is not None:
+            # Loads are rounded down to ticks, so no plan's busiest rank is under the next tick.
+            return ClassModelResult(None, None if self.left_out else (cap + 1) * unit_ms, True, spent)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return ClassModelResult(None, None, False, spent)
+        bound = None if self.left_out else solver.BestObjectiveBound() * unit_ms
+        out = Assignment()
+        for table, o, choose, at in self.decode:
+            if not solver.BooleanValue(choose):
+                continue
+            out.choice[table] = o
+            if o.placement is Placement.EVERY_RANK:
+                out.shard_ranks[table] = list(range(world))
+            elif o.placement is Placement.NODE_RANKS:
+                node = next(n for n, lit in enumerate(at) if solver.BooleanValue(lit))
+                out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+            elif at is not None:  # placed by its own variables
+                out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in at]
+            else:
+                out.shard_ranks[table] = [-1] * len(o.shards)
+        quota = {c: [solver.Value(v) for v in n] for c, n in self.counts.items()}
+        placed = _place_by_counts(out, self.class_members, quota, self.cluster)
+        return ClassModelResult(out if placed else None, bound, status == cp_model.OPTIMAL, spent)
 
 
 def _same_shards(a: ShardingOption, b: ShardingOption) -> bool:

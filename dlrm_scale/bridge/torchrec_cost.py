@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Sequence
 
 import torch
+import torchrec.distributed.planner.constants as torchrec_constants
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
@@ -52,6 +53,23 @@ def torchrec_topology(cluster: ClusterSpec) -> Topology:
         ddr_mem_bw=cluster.ddr_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
         intra_host_bw=cluster.intra_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
         inter_host_bw=cluster.inter_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
+    )
+
+
+def torchrec_default_cluster(world_size: int, ranks_per_node: int = 8) -> ClusterSpec:
+    """A CUDA cluster with TorchRec's own default topology constants (its planner's `Topology()`
+    without arguments: 32 GiB HBM and 128 GiB DDR per rank, its HBM, DDR, intra- and
+    inter-node bandwidths), for comparing searches on TorchRec's terms."""
+    local = min(ranks_per_node, world_size)
+    gb_per_s = lambda bytes_per_ms: bytes_per_ms / GB_PER_S_TO_BYTES_PER_MS  # noqa: E731
+    return ClusterSpec(
+        num_nodes=max(1, world_size // local), ranks_per_node=local, device="cuda",
+        hbm_bytes_per_rank=torchrec_constants.HBM_CAP, ddr_bytes_per_node=torchrec_constants.DDR_CAP * local,
+        ssd_bytes_per_node=torchrec_constants.SSD_CAP * local,
+        hbm_gb_per_s=gb_per_s(torchrec_constants.HBM_MEM_BW), ddr_gb_per_s=gb_per_s(torchrec_constants.DDR_MEM_BW),
+        ssd_gb_per_s=gb_per_s(torchrec_constants.SSD_MEM_BW),
+        intra_node_gb_per_s=gb_per_s(torchrec_constants.INTRA_NODE_BANDWIDTH),
+        inter_node_gb_per_s=gb_per_s(torchrec_constants.CROSS_NODE_BANDWIDTH), name="torchrec_default",
     )
 
 

@@ -1,0 +1,118 @@
+"""Search benchmark: how close our plans end to their own proven bound on held-out workloads,
+and how long 100-table problems take against TorchRec's planner.
+
+- gap: on workloads no part of the planner was tuned on (MLPerf DLRM-DCNv2's 26 multi-hot
+  tables on 8/16/32 ranks, 107 seeded synthetic tables on 8/16 ranks), all on TorchRec's
+  default topology, searched and scored with TorchRec's own estimator (--cost-model
+  torchrec); TorchRec's planner's plan scored the same way beside ours where it is run.
+- time: synthetic_100x8 of the planner benchmark, our planner (its own cost model, the
+  default) and TorchRec's EmbeddingShardingPlanner, runs alternated, 3 repeats, medians.
+
+    python benchmarks/search_bench.py [--repeats 3]
+
+Writes benchmarks/results/search.json and prints Markdown tables for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from planner_bench import run_torchrec_planner  # noqa: E402
+from workloads import held_out, workload  # noqa: E402
+
+from planner.planning import make_plan  # noqa: E402
+from planner.solver import SolverConfig  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "search.json"
+HELD_OUT = [  # (name, kind, ranks, seed, run TorchRec's planner too)
+    ("mlperf_multihot_8", "mlperf_multihot", 8, 0, True),
+    ("mlperf_multihot_16", "mlperf_multihot", 16, 0, True),
+    ("mlperf_multihot_32", "mlperf_multihot", 32, 0, True),
+    ("synthetic107x8_s0", "synthetic107", 8, 0, False),
+    ("synthetic107x16_s0", "synthetic107", 16, 0, True),
+    ("synthetic107x8_s1", "synthetic107", 8, 1, False),
+    ("synthetic107x16_s1", "synthetic107", 16, 1, False),
+    ("synthetic107x16_s2", "synthetic107", 16, 2, False),
+]
+
+
+def _held_out_problem(kind, seed, ranks):  # run_torchrec_planner's (kind, tables, ranks), the seed in tables' place
+    return held_out(kind, ranks, seed)
+
+
+def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
+    from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
+    from planner.plan import Plan
+    from planner.scoring import rank_times_ms
+
+    problem = held_out(kind, ranks, seed)
+    model = TorchRecCostModel(problem)
+    start = time.perf_counter()
+    plan = make_plan(problem, model, SolverConfig(time_limit_s=time_limit_s))
+    seconds = time.perf_counter() - start
+    ours = float(rank_times_ms(plan, problem, model).max())
+    row = {"workload": name, "tables": len(problem.tables), "ranks": ranks, "ours_ms": ours, "proven_bound_ms": plan.lower_bound_ms,
+           "ours_vs_proven": ours / plan.lower_bound_ms - 1, "solver": plan.solver, "ours_plan_s": seconds}
+    if with_torchrec:
+        doc, tr_seconds, error = run_torchrec_planner(kind, seed, ranks, 600, problem_of=_held_out_problem)
+        row["torchrec_plan_s"] = tr_seconds
+        if error:
+            row["torchrec_error"] = error
+        else:
+            theirs = float(rank_times_ms(Plan.from_dict(doc), problem, model).max())
+            row.update(torchrec_ms=theirs, torchrec_vs_proven=theirs / plan.lower_bound_ms - 1)
+    return row
+
+
+def timing(repeats, time_limit_s):
+    ours, theirs = [], []
+    for _ in range(repeats):  # alternated, so both see the same machine
+        problem = workload("synthetic", 100, 8)
+        start = time.perf_counter()
+        make_plan(problem, config=SolverConfig(time_limit_s=time_limit_s))
+        ours.append(time.perf_counter() - start)
+        _, seconds, error = run_torchrec_planner("synthetic", 100, 8, 600)
+        if error:
+            raise SystemExit(f"TorchRec's planner failed on synthetic_100x8: {error}")
+        theirs.append(seconds)
+    return {"workload": "synthetic_100x8", "ours_s": ours, "torchrec_s": theirs, "ours_median_s": statistics.median(ours),
+            "torchrec_median_s": statistics.median(theirs), "ratio": statistics.median(ours) / statistics.median(theirs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    rows = []
+    for name, kind, ranks, seed, with_torchrec in HELD_OUT:
+        rows.append(gap_row(name, kind, ranks, seed, with_torchrec, args.time_limit))
+        print(json.dumps(rows[-1]), flush=True)
+    times = timing(args.repeats, args.time_limit)
+    print(json.dumps(times), flush=True)
+    Path(args.out).write_text(json.dumps({"machine": platform.processor() or platform.machine(), "solver_time_limit_s": args.time_limit,
+                                          "held_out": rows, "timing": times}, indent=1) + "\n")
+    print("| workload | tables x ranks | ours vs proven bound | TorchRec vs our proven bound | ours plan s | TorchRec plan s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        tr = f"{100 * r['torchrec_vs_proven']:+.2f}%" if "torchrec_ms" in r else r.get("torchrec_error", "not run")
+        trs = f"{r['torchrec_plan_s']:.1f}" if r.get("torchrec_plan_s") else "-"
+        print(f"| {r['workload']} | {r['tables']} x {r['ranks']} | {100 * r['ours_vs_proven']:+.2f}% | {tr} | {r['ours_plan_s']:.1f} | {trs} |")
+    print(f"\nsynthetic_100x8: ours {times['ours_median_s']:.2f} s (runs {', '.join(f'{s:.2f}' for s in times['ours_s'])}), "
+          f"TorchRec {times['torchrec_median_s']:.1f} s ({', '.join(f'{s:.1f}' for s in times['torchrec_s'])}); ratio {times['ratio']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

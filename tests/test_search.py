@@ -1,0 +1,87 @@
+"""The search's bounds and its improvers: the shard-limited bound, the class model under a cap
+(the bisection's question) and the hill climbing over options."""
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from planner.assignment import RankLoads, rank_capacities
+from planner.bounds import lower_bound_ms, shard_limited_bound_ms
+from planner.cpsat import ClassModel
+from planner.greedy import choose_options, local_search, pack, rechoose_options
+from planner.placement_rules import RankRules
+from planner.solver import SolverConfig, solve
+from tests.conftest import make_cluster, make_problem, table
+from tests.test_solver import brute_force_peak, options_for
+
+# Problems small enough for the brute force, on which the shard-limited bound is above the
+# work-or-granularity one (a heavy table whose cheapest option is too large for the target).
+NEEDS_SPLIT = [
+    ([table("a", 100_000, 64, 10.0), table("b", 1000, 8, 1.0)], 2),
+    ([table("a", 200_000, 64, 20.0), table("b", 50_000, 32, 5.0), table("c", 1000, 8, 1.0)], 2),
+    ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0)], 3),
+]
+
+
+def peak(assignment, world):
+    return float(RankLoads.of(assignment, world).ms.max())
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_shard_limited_bound_is_tighter_and_still_a_bound(tables, ranks):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    simple = lower_bound_ms(options, ranks)
+    tighter = shard_limited_bound_ms(options, ranks)
+    assert simple * (1 + 1e-6) < tighter <= optimum * (1 + 1e-9)
+    assert solve(options, problem.cluster, SolverConfig(time_limit_s=5)).lower_bound_ms <= optimum * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_class_model_under_a_cap_refutes_below_the_optimum_and_plans_at_it(tables, ranks):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    start = local_search(pack(choose_options(options, math.inf), problem.cluster), problem.cluster)
+    model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
+
+    below = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 0.98)
+    assert below.optimal and below.assignment is None
+    assert optimum * 0.98 < below.bound_ms <= optimum * (1 + 1e-9)  # a refutation, and a valid bound
+
+    at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001)  # the same model, asked again
+    assert at.assignment is not None
+    assert peak(at.assignment, ranks) <= optimum * 1.001
+
+
+def seven_tables_on_four_ranks():
+    problem = make_problem([table(f"t{i}", 200_000, 64, 8.0) for i in range(7)], make_cluster(ranks_per_node=4), batch=4096)
+    return problem, options_for(problem)
+
+
+def test_rechoosing_options_mixes_schemes_a_uniform_cap_cannot():
+    problem, options = seven_tables_on_four_ranks()
+    cluster = problem.cluster
+    uniform = [local_search(pack(choose_options(options, cap), cluster), cluster)
+               for cap in {o.max_shard_ms + 1e-12 for opts in options.values() for o in opts}]
+    best_uniform = min(peak(a, 4) for a in uniform)
+    start = min(uniform, key=lambda a: peak(a, 4))
+    better = rechoose_options(options, start.copy(), cluster, time.monotonic() + 10)
+    assert peak(better, 4) < best_uniform * (1 - 0.02)
+    assert len({o.sharding_type for o in better.choice.values()}) > 1
+    assert peak(better, 4) >= shard_limited_bound_ms(options, 4) * (1 - 1e-9)
+    assert np.all(RankLoads.of(better, 4).bytes <= rank_capacities(cluster))
+
+
+def test_rechoosing_options_keeps_pins():
+    problem, options = seven_tables_on_four_ranks()
+    cluster = problem.cluster
+    rules = RankRules(allowed={"t0": frozenset({3}), "t1": frozenset({2})})
+    pinned = {t: [o for o in opts if t not in rules.allowed or len(o.shards) == 1] for t, opts in options.items()}
+    start = local_search(pack(choose_options(pinned, math.inf), cluster, rules), cluster, rules)
+    better = rechoose_options(pinned, start.copy(), cluster, time.monotonic() + 10, rules)
+    assert peak(better, 4) < peak(start, 4)
+    assert better.shard_ranks["t0"] == [3] and better.shard_ranks["t1"] == [2]
