@@ -412,10 +412,11 @@ def rechoose_options(
     cluster: ClusterSpec,
     deadline_s: float,
     rules: RankRules = RankRules(),
+    target_ms: float = 0.0,
 ) -> Assignment:
     """Hill climbing over options: one table at a time, each of its other options tried in a
     re-packed plan (pack, then local search), kept when the plan gets better by `_balance`;
-    passes over the tables until one changes nothing.
+    passes over the tables until one changes nothing or the busiest rank is at `target_ms`.
 
     The greedy choice takes one shard-size cap for all tables; the plans it cannot reach mix
     whole, split and replicated tables unevenly, which is what balances heavy tables on few
@@ -433,7 +434,7 @@ def rechoose_options(
         changed = False
         for table in sorted(best.choice):
             for option in options_by_table[table]:
-                if time.monotonic() >= deadline_s:
+                if time.monotonic() >= deadline_s or best_score[0] <= target_ms:
                     return best
                 if option is best.choice[table] or option.max_shard_ms >= best_score[0]:
                     continue

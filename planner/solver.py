@@ -190,7 +190,7 @@ def solve(
     best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + (deadline - start) * 0.4, rules)
     target = bound * (1 + config.target_gap)
     if _peak(best, world) > target:
-        best = rechoose_options(options_by_table, best, cluster, start + (deadline - start) * 0.55, rules)
+        best = rechoose_options(options_by_table, best, cluster, start + (deadline - start) * 0.55, rules, target)
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
