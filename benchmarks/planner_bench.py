@@ -17,6 +17,7 @@ Writes benchmarks/results/planner.json and prints a Markdown table for the READM
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import platform
@@ -43,10 +44,10 @@ def memory_ok(plan, cluster) -> bool:
     return all(r.memory.of_tier(t) <= cluster.capacity_bytes_per_rank(t) for r in plan.ranks for t in TIERS)
 
 
-def _torchrec_child(kind, tables, ranks, queue, problem_of=workload):
+def _torchrec_child(make_problem, queue):
     from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
 
-    problem = problem_of(kind, tables, ranks)
+    problem = make_problem()
     try:
         plan, seconds = torchrec_planner_plan(problem)
         queue.put(("ok", plan.to_dict(), seconds))
@@ -54,11 +55,11 @@ def _torchrec_child(kind, tables, ranks, queue, problem_of=workload):
         queue.put(("error", f"{type(e).__name__}: {str(e)[:200]}", 0.0))
 
 
-def run_torchrec_planner(kind, tables, ranks, timeout_s, problem_of=workload):
-    """TorchRec's planner on problem_of(kind, tables, ranks) in a child process, with a time limit."""
+def run_torchrec_planner(make_problem, timeout_s):
+    """TorchRec's planner on make_problem() in a forked child process, with a time limit."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_torchrec_child, args=(kind, tables, ranks, queue, problem_of))
+    proc = ctx.Process(target=_torchrec_child, args=(make_problem, queue))
     start = time.perf_counter()
     proc.start()
     proc.join(timeout_s)
@@ -109,7 +110,7 @@ def bench_one(name, kind, tables, ranks, with_torchrec, time_limit_s, torchrec_t
         ours_solver=ours.solver,
         ours_tr_memory_ok=memory_ok(ours, problem.cluster),
     )
-    doc, seconds, error = run_torchrec_planner(kind, tables, ranks, torchrec_timeout_s)
+    doc, seconds, error = run_torchrec_planner(functools.partial(workload, kind, tables, ranks), torchrec_timeout_s)
     row["torchrec_plan_s"] = seconds
     if error:
         row["torchrec_error"] = error

@@ -16,6 +16,7 @@ Writes benchmarks/results/search.json and prints Markdown tables for the README.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -46,10 +47,6 @@ HELD_OUT = [  # (name, kind, ranks, seed, run TorchRec's planner too)
 ]
 
 
-def _held_out_problem(kind, seed, ranks):  # run_torchrec_planner's (kind, tables, ranks), the seed in tables' place
-    return held_out(kind, ranks, seed)
-
-
 def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
     from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
     from planner.plan import Plan
@@ -64,7 +61,7 @@ def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
     row = {"workload": name, "tables": len(problem.tables), "ranks": ranks, "ours_ms": ours, "proven_bound_ms": plan.lower_bound_ms,
            "ours_vs_proven": ours / plan.lower_bound_ms - 1, "solver": plan.solver, "ours_plan_s": seconds}
     if with_torchrec:
-        doc, tr_seconds, error = run_torchrec_planner(kind, seed, ranks, 600, problem_of=_held_out_problem)
+        doc, tr_seconds, error = run_torchrec_planner(functools.partial(held_out, kind, ranks, seed), 600)
         row["torchrec_plan_s"] = tr_seconds
         if error:
             row["torchrec_error"] = error
@@ -76,12 +73,12 @@ def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
 
 def timing(repeats, time_limit_s):
     ours, theirs = [], []
+    problem = workload("synthetic", 100, 8)
     for _ in range(repeats):  # alternated, so both see the same machine
-        problem = workload("synthetic", 100, 8)
         start = time.perf_counter()
         make_plan(problem, config=SolverConfig(time_limit_s=time_limit_s))
         ours.append(time.perf_counter() - start)
-        _, seconds, error = run_torchrec_planner("synthetic", 100, 8, 600)
+        _, seconds, error = run_torchrec_planner(lambda: problem, 600)
         if error:
             raise SystemExit(f"TorchRec's planner failed on synthetic_100x8: {error}")
         theirs.append(seconds)

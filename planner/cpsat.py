@@ -441,7 +441,8 @@ class ClassModel:
                 model.AddHint(n[r], hinted_counts[c][r])
             counts[c] = n
         horizon = sum(max(_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
-        peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), horizon, "peak")
+        floor = min(_ticks(known_bound_ms, unit_ms), horizon)
+        peak = model.NewIntVar(floor, horizon, "peak")
         for r in range(world):
             model.Add(sum(c * v for c, v in load[r]) <= peak)
         for ti in range(len(TIERS)):
@@ -453,7 +454,7 @@ class ClassModel:
         model.Minimize(peak)
         self.model, self.peak, self.cluster, self.unit_ms = model, peak, cluster, unit_ms
         self.decode, self.class_members, self.counts, self.left_out = decode, class_members, counts, left_out
-        self.floor_ticks, self.horizon = min(_ticks(known_bound_ms, unit_ms), horizon), horizon
+        self.floor_ticks, self.horizon = floor, horizon
 
     def solve(self, max_deterministic_s: float, max_wall_s: float, seed: int, relative_gap: float = 0.0,
               peak_at_most_ms: float | None = None) -> ClassModelResult:

@@ -7,6 +7,7 @@ shards) most of the final quality: with many small items LPT is within a few per
 from __future__ import annotations
 
 import heapq
+import time
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -354,18 +355,12 @@ def refine_by_splitting(
     smaller shards (the cheapest such) and the re-packed plan gets better, do so.
 
     A uniform shard-size cap splits every table alike; this mixes whole tables and split ones,
-    which is what balances a few heavy tables on many ranks at little extra work.
+    which is what balances a few heavy tables on many ranks at little extra work. Fewer ranks
+    at the peak counts as progress: one split rarely lowers the peak alone.
     """
-    import time
-
-    def score(loads: RankLoads) -> tuple[float, int]:
-        # Fewer ranks at the peak counts as progress: one split rarely lowers the peak alone.
-        peak = float(loads.ms.max())
-        return peak, int(np.sum(loads.ms >= peak * (1 - 1e-9)))
-
     best = local_search(pack(chosen, cluster, rules), cluster, rules)
     loads = RankLoads.of(best, cluster.world_size)
-    best_score = score(loads)
+    best_score = _balance(loads.ms)[:2]
     while time.monotonic() < deadline_s:
         top = int(np.argmax(loads.ms))
         on_top = sorted(
@@ -378,14 +373,11 @@ def refine_by_splitting(
             finer = [o for o in options_by_table[table] if o.max_shard_ms < current.max_shard_ms - 1e-12]
             if not finer:
                 continue
-            trial_choice = dict(best.choice)
-            trial_choice[table] = min(finer, key=lambda o: (o.total_ms, len(o.shards)))
-            try:
-                trial = local_search(pack(trial_choice, cluster, rules), cluster, rules)
-            except InfeasiblePlanError:
+            trial = _repacked(best.choice, table, min(finer, key=lambda o: (o.total_ms, len(o.shards))), cluster, rules)
+            if trial is None:
                 continue
             trial_loads = RankLoads.of(trial, cluster.world_size)
-            trial_score = score(trial_loads)
+            trial_score = _balance(trial_loads.ms)[:2]
             if trial_score[0] < best_score[0] * (1 - 1e-9) or (
                 trial_score[0] <= best_score[0] and trial_score[1] < best_score[1]
             ):
@@ -396,6 +388,18 @@ def refine_by_splitting(
         if not improved:
             break
     return best
+
+
+def _repacked(choice: Mapping[str, ShardingOption], table: str, option: ShardingOption, cluster: ClusterSpec,
+              rules: RankRules) -> Assignment | None:
+    """The plan with `table` switched to `option`, every table packed again and locally
+    searched; None when it does not fit."""
+    trial_choice = dict(choice)
+    trial_choice[table] = option
+    try:
+        return local_search(pack(trial_choice, cluster, rules), cluster, rules)
+    except InfeasiblePlanError:
+        return None
 
 
 def _balance(ms: np.ndarray) -> tuple[float, int, float]:
@@ -424,8 +428,6 @@ def rechoose_options(
     every table, not only the changed one, is what finds them: placing the changed table alone
     on the others' loads stopped at 5.0%.
     """
-    import time
-
     world = cluster.world_size
     best = assignment
     best_score = _balance(RankLoads.of(best, world).ms)
@@ -438,11 +440,8 @@ def rechoose_options(
                     return best
                 if option is best.choice[table] or option.max_shard_ms >= best_score[0]:
                     continue
-                choice = dict(best.choice)
-                choice[table] = option
-                try:
-                    trial = local_search(pack(choice, cluster, rules), cluster, rules)
-                except InfeasiblePlanError:
+                trial = _repacked(best.choice, table, option, cluster, rules)
+                if trial is None:
                     continue
                 score = _balance(RankLoads.of(trial, world).ms)
                 if score < best_score:

@@ -163,8 +163,9 @@ def _bisect(model: ClassModel, best: Assignment, bound_ms: float, budget_s: floa
         spent += result.deterministic_s
         if result.bound_ms is not None:
             bound_ms = max(bound_ms, result.bound_ms)
-        if result.assignment is not None and _peak(result.assignment, world) < best_peak:
-            best, best_peak = result.assignment, _peak(result.assignment, world)
+        peak = _peak(result.assignment, world) if result.assignment is not None else math.inf
+        if peak < best_peak:
+            best, best_peak = result.assignment, peak
         elif bound_ms < target:  # neither a plan under the target nor a proof that none exists
             undecided_ms = target
     return best, best_peak, bound_ms
@@ -205,7 +206,7 @@ def solve(
             if peak < best_peak:
                 best, best_peak = result.assignment, peak
             method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
-            if method == "class" and best_peak > bound * (1 + config.target_gap):
+            if method == "class":  # the bisection returns at once where the gap is closed
                 best, best_peak, bound = _bisect(class_model, best, bound, budget * 0.2, deadline, config)
     if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
         result = solve_joint(
