@@ -92,6 +92,8 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
+    if args.repeats < 1 or not args.time_limit > 0:
+        ap.error("--repeats takes a whole number >= 1 and --time-limit a positive number of seconds")
     rows = []
     for name, kind, ranks, seed, with_torchrec in HELD_OUT:
         rows.append(gap_row(name, kind, ranks, seed, with_torchrec, args.time_limit))
