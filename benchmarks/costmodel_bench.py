@@ -1,13 +1,24 @@
-"""Cost-model validation: predicted against measured step time, for real, on this machine.
+"""Cost-model validation on mixes the fit never saw, and planner regret, trained for real.
 
-Runs table mixes under several plans each (ours, TorchRec's, uniform table-wise, column-wise,
-row-wise, data-parallel) as 2-rank gloo training jobs, with the calibrated profile
-(configs/hardware/cpu_gloo.yaml, from `dlrm-scale calibrate`), and compares the measured step
-time (median over logging windows after the first) with `dlrm-scale simulate`'s prediction.
+12 generated table mixes (4-100 tables, dims 16-256, pooling 1-100, Zipf 0.8-1.2, 10^2-10^7
+rows), split into a fit half and a held-out half. Every mix is trained as 2-rank gloo jobs
+(`torchrun -m dlrm_scale.train`, as a user runs it) under 6 plans: ours, TorchRec's planner's
+(`--planner torchrec`), all table-wise, all column-wise, all row-wise, and mostly data-parallel
+(every table whose weights take at most 16 MiB replicated, the rest table-wise).
 
-    python benchmarks/costmodel_bench.py [--steps 60]
+1. The fit half trains once per plan, priced by the calibrated profile
+   (configs/hardware/cpu_gloo.yaml, from `dlrm-scale calibrate`).
+2. `calibrate --from-runs` refits that profile to the fit half's runs
+   (benchmarks/results/costmodel_fitted.yaml).
+3. The held-out half trains --repeats times per plan, plans alternated, "ours" planned with the
+   refitted profile; each run's measured step (median over logging windows after the first)
+   and phases are compared with `simulate`'s prediction, under both profiles.
+4. Planner regret per held-out mix: the median measured step of the planner's plan over the
+   fastest plan's median, for ours and for TorchRec's.
 
-Writes benchmarks/results/costmodel.json and costmodel.png, and prints the README table.
+    python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3]
+
+Writes benchmarks/results/costmodel.json, costmodel.png (scatter) and costmodel_regret.png.
 """
 
 from __future__ import annotations
@@ -26,52 +37,85 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.run_config import ModelConfig  # noqa: E402
-from dlrm_scale.tools.simulate import simulate  # noqa: E402
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from planner.plan import Plan, table_layout  # noqa: E402
+from dlrm_scale.tools.calibrate import refit_from_runs  # noqa: E402
+from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, compare, profile_values  # noqa: E402
+from dlrm_scale.tools.runs import load_run  # noqa: E402
+from planner.config import hardware_path  # noqa: E402
+from planner.plan import Plan, table_layout, uniform_plan  # noqa: E402
+from planner.specs import PlanningProblem  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODEL = {"num_dense_features": 13, "dense_arch": [64, 32], "over_arch": [64, 1]}
+BATCH_SIZE_PER_RANK = 512
+WORLD = 2
+TABLE_COUNTS = (4, 6, 100, 80, 8, 12, 64, 48, 16, 24, 32, 40)  # mix i: fit half when i is even
+DIMS = (32, 64, 16, 16, 256, 128, 64, 32, 128, 256, 64, 32)
+MAX_TABLE_BYTES = 640 << 20  # weights of one table, so 10^7 rows come with small dims
+MAX_MIX_BYTES = 2 << 30
+MAX_IDS_PER_SAMPLE = 400  # pooling summed over a mix's tables: keeps a step under a second
+DP_MAX_BYTES = 16 << 20
+PLANS = ("ours", "torchrec", "table_wise", "column_wise", "row_wise", "mostly_data_parallel")
 
-# (name, tables, rows, dim, pooling factors cycled over the tables)
-MIXES = [
-    ("few_light", 4, 20_000, 16, [1, 2]),
-    ("few_heavy", 4, 200_000, 64, [20, 5]),
-    ("many_light", 16, 10_000, 32, [1, 1, 3]),
-    ("mixed_pooling", 8, 100_000, 32, [1, 30, 5, 2]),
-    ("skewed", 8, 200_000, 64, [60, 1, 1, 1]),
-]
-UNIFORM = {"table_wise": None, "column_wise": 2, "row_wise": 2, "data_parallel": 2}
+
+def generate_mix(index: int, seed: int = 0) -> list[dict]:
+    """Mix `index`'s tables: rows log-uniform over 10^2-10^7 (capped by MAX_TABLE_BYTES),
+    pooling log-uniform over 1-100 (scaled to MAX_IDS_PER_SAMPLE), Zipf uniform over 0.8-1.2;
+    table 0 at pooling 100 or table 1 at 10^7 rows (as its dim allows)."""
+    rng = np.random.default_rng([seed, index])
+    n, dim = TABLE_COUNTS[index], DIMS[index]
+    rows = np.exp(rng.uniform(np.log(1e2), np.log(1e7), n)).astype(np.int64)
+    rows = np.minimum(rows, MAX_TABLE_BYTES // (4 * dim))
+    if rows.sum() * dim * 4 > MAX_MIX_BYTES:
+        rows = np.maximum(100, (rows * (MAX_MIX_BYTES / (rows.sum() * dim * 4))).astype(np.int64))
+    pooling = np.exp(rng.uniform(0.0, np.log(100.0), n))
+    if pooling.sum() > MAX_IDS_PER_SAMPLE:
+        pooling = np.maximum(1.0, pooling * MAX_IDS_PER_SAMPLE / pooling.sum())
+    if index % 4 < 2:  # each half holds a table at either end of the ranges
+        pooling[0] = 100.0
+    else:
+        rows[1] = min(10**7, MAX_TABLE_BYTES // (4 * dim))
+    zipf = rng.uniform(0.8, 1.2, n)
+    return [{"name": f"t{i}", "num_embeddings": int(rows[i]), "embedding_dim": dim,
+             "pooling_factor": round(float(pooling[i]), 2), "zipf_exponent": round(float(zipf[i]), 3)} for i in range(n)]
 
 
-def write_config(path: Path, num_tables, rows, dim, pooling) -> None:
-    lines = [
-        "hardware: cpu_gloo", "cluster: {world_size: 2}", "training: {batch_size_per_rank: 512}",
-        f"model: {json.dumps(MODEL)}", "train: {log_every: 10, eval_batches: 1}", "tables:",
-    ]
-    for i in range(num_tables):
-        lines.append(f"  - {{name: t{i}, num_embeddings: {rows}, embedding_dim: {dim}, pooling_factor: {float(pooling[i % len(pooling)])}}}")
+def write_config(path: Path, tables: list[dict], hardware: str) -> None:
+    lines = [f"hardware: {hardware}", f"cluster: {{world_size: {WORLD}}}", f"training: {{batch_size_per_rank: {BATCH_SIZE_PER_RANK}}}",
+             f"model: {json.dumps(MODEL)}", "train: {log_every: 10, eval_batches: 1}", "tables:"]
+    lines += [f"  - {json.dumps(t)}" for t in tables]
     path.write_text("\n".join(lines) + "\n")
 
 
-def uniform_plan(problem, scheme: str) -> Plan:
-    st = ShardingType(scheme)
-    tables = {t.name: table_layout(t, st, [i % 2] if scheme == "table_wise" else [0, 1], "ddr") for i, t in enumerate(problem.tables)}
-    return Plan(2, 2, tables, (), 0.0, 0.0)
+def mostly_data_parallel(problem: PlanningProblem) -> Plan:
+    plan = uniform_plan(problem, ShardingType.TABLE_WISE)
+    tables = dict(plan.tables)
+    for t in problem.tables:
+        if t.num_embeddings * t.embedding_dim * 4 <= DP_MAX_BYTES:
+            tables[t.name] = table_layout(t, ShardingType.DATA_PARALLEL, list(range(WORLD)), problem.cluster.device_tier)
+    return Plan(WORLD, WORLD, tables, (), 0.0, 0.0)
 
 
-def train(config: Path, steps: int, plan: Path | None, planner: str, out: Path) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
-           "--config", str(config), "--steps", str(steps), "--planner", planner, "--out-dir", str(out)]
-    if plan:
-        cmd += ["--plan", str(plan)]
+def given_plan(problem: PlanningProblem, label: str) -> Plan | None:
+    if label in ("ours", "torchrec"):
+        return None  # planned by the job itself, at start
+    if label == "mostly_data_parallel":
+        return mostly_data_parallel(problem)
+    return uniform_plan(problem, ShardingType(label))
+
+
+def train(config: Path, steps: int, label: str, plan: Plan | None, out: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "-m", "dlrm_scale.train",
+           "--config", str(config), "--steps", str(steps), "--out-dir", str(out)]
+    if plan is not None:
+        plan.save(out.with_suffix(".plan.json"))
+        cmd += ["--plan", str(out.with_suffix(".plan.json"))]
+    else:
+        cmd += ["--planner", label]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
-        raise RuntimeError(proc.stderr[-2000:])
-    rates = [json.loads(l)["samples_per_s"] for l in (out / "metrics.jsonl").read_text().splitlines() if "samples_per_s" in l]
-    return 1024 / statistics.median(rates[1:]) * 1e3
+        raise RuntimeError(f"{out.name}: {proc.stderr[-3000:]}")
 
 
 def spearman(a, b) -> float:
@@ -79,57 +123,150 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    args = ap.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        for name, n, r, d, pool in MIXES:
-            config = tmp / f"{name}.yaml"
-            write_config(config, n, r, d, pool)
-            problem = load_problem(config)
-            for label in ["ours", "torchrec", *UNIFORM]:
-                out = tmp / f"{name}_{label}"
-                plan_path = None
-                if label in UNIFORM:
-                    plan_path = tmp / f"{name}_{label}.json"
-                    uniform_plan(problem, label).save(plan_path)
-                measured = train(config, args.steps, plan_path, "torchrec" if label == "torchrec" else "ours", out)
-                plan = Plan.load(out / "plan.json")
-                sim = simulate(plan, problem, ModelConfig(**MODEL))
-                row = {"mix": name, "plan": label, "measured_step_ms": measured, "predicted_step_ms": sim.step_ms,
-                       "predicted_embedding_ms": [r.embedding.total_ms for r in sim.ranks]}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+def run_mix(index: int, hardware: str, steps: int, repeats: int, tmp: Path, log) -> list[Path]:
+    tables = generate_mix(index)
+    config = tmp / f"mix{index}.yaml"
+    write_config(config, tables, hardware)
+    problem = load_problem(config)
+    plans = {label: given_plan(problem, label) for label in PLANS}
+    folders = []
+    for rep in range(repeats):
+        order = PLANS[rep % len(PLANS):] + PLANS[:rep % len(PLANS)]  # alternated: each plan leads once
+        for label in order:
+            out = tmp / f"mix{index}_{label}_r{rep}"
+            train(config, steps, label, plans[label], out)
+            folders.append(out)
+            log(f"mix{index} {label} r{rep}: {load_run(out, hardware).step_ms:.2f} ms")
+    return folders
+
+
+def describe(run, fitted_values: dict, calibrated_values: dict) -> dict:
+    refit, calibrated = compare(run, fitted_values), compare(run, calibrated_values)
+    label = run.directory.name
+    mix, rest = label.split("_", 1)
+    plan, rep = rest.rsplit("_r", 1)
+    fair = refit.fair_phases
+    a2a = [sum(fair[g][i] for g in COLLECTIVE_GROUPS if g != "all_reduce") for i in (0, 1)]
+    return {"mix": mix, "plan": plan, "repeat": int(rep), "tables": len(run.run.problem.tables),
+            "measured_step_ms": run.step_ms, "predicted_step_ms": refit.predicted_step_ms,
+            "predicted_step_ms_calibrated": calibrated.predicted_step_ms,
+            "phases_predicted_vs_measured": {g: [round(p, 4), round(m, 4)] for g, (p, m) in fair.items()},
+            "all_to_all_predicted_vs_measured": [round(a2a[0], 4), round(a2a[1], 4)]}
+
+
+def accuracy(rows: list[dict], key: str) -> dict:
     measured = np.array([r["measured_step_ms"] for r in rows])
-    predicted = np.array([r["predicted_step_ms"] for r in rows])
-    rel = np.abs(predicted - measured) / measured
-    summary = {"runs": len(rows), "spearman": spearman(predicted, measured), "median_abs_rel_error": float(np.median(rel)),
-               "max_abs_rel_error": float(rel.max())}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "costmodel.json").write_text(json.dumps({"summary": summary, "steps": args.steps, "results": rows}, indent=1) + "\n")
+    predicted = np.array([r[key] for r in rows])
+    rel = np.abs(predicted / measured - 1)
+    return {"runs": len(rows), "spearman": spearman(predicted, measured), "median_abs_rel_error": float(np.median(rel)),
+            "max_abs_rel_error": float(rel.max())}
+
+
+def phase_errors(rows: list[dict]) -> dict:
+    errors: dict[str, list[float]] = {}
+    for r in rows:
+        pairs = {**{g: v for g, v in r["phases_predicted_vs_measured"].items()}, "all_to_all": r["all_to_all_predicted_vs_measured"]}
+        for g, (p, m) in pairs.items():
+            if m >= 0.02 * r["measured_step_ms"]:  # a phase under 2% of its step: its timer's noise, not the model's
+                errors.setdefault(g, []).append(abs(p / m - 1))
+    return {g: {"median_abs_rel_error": float(np.median(v)), "runs": len(v)} for g, v in errors.items()}
+
+
+def regret(rows: list[dict]) -> dict:
+    out = {}
+    for mix in sorted({r["mix"] for r in rows}, key=lambda m: int(m[3:])):
+        steps = {p: [r["measured_step_ms"] for r in rows if r["mix"] == mix and r["plan"] == p] for p in PLANS}
+        medians = {p: statistics.median(v) for p, v in steps.items()}
+        best = min(medians, key=medians.get)
+        out[mix] = {"tables": next(r["tables"] for r in rows if r["mix"] == mix), "fastest": best,
+                    "median_step_ms": medians, "spread_ms": {p: [min(v), max(v)] for p, v in steps.items()},
+                    "ours": medians["ours"] / medians[best], "torchrec": medians["torchrec"] / medians[best]}
+    return out
+
+
+def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    measured = np.array([r["measured_step_ms"] for r in held_out])
+    predicted = np.array([r["predicted_step_ms"] for r in held_out])
     fig, ax = plt.subplots(figsize=(5, 5))
-    for label in ["ours", "torchrec", *UNIFORM]:
-        sel = [i for i, r in enumerate(rows) if r["plan"] == label]
-        ax.scatter(measured[sel], predicted[sel], label=label, s=18)
-    lim = [0, max(measured.max(), predicted.max()) * 1.05]
+    for label in PLANS:
+        sel = [i for i, r in enumerate(held_out) if r["plan"] == label]
+        ax.scatter(measured[sel], predicted[sel], label=label, s=14)
+    lim = [min(measured.min(), predicted.min()) * 0.8, max(measured.max(), predicted.max()) * 1.2]
     ax.plot(lim, lim, "k--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("measured step ms")
-    ax.set_ylabel("predicted step ms")
-    ax.set_title(f"Spearman {summary['spearman']:.3f}, median |rel err| {100 * summary['median_abs_rel_error']:.1f}%")
+    ax.set_ylabel("predicted step ms (refitted profile)")
+    s = summary["held_out"]
+    ax.set_title(f"held-out: Spearman {s['spearman']:.3f}, median |err| {100 * s['median_abs_rel_error']:.1f}%", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / "costmodel.png", dpi=100)
-    print(json.dumps(summary))
-    print("| runs | Spearman | median abs rel error | max abs rel error |\n|---|---|---|---|")
-    print(f"| {summary['runs']} | {summary['spearman']:.3f} | {100 * summary['median_abs_rel_error']:.1f}% | {100 * summary['max_abs_rel_error']:.1f}% |")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    mixes = list(regrets)
+    x = np.arange(len(mixes))
+    ax.bar(x - 0.2, [regrets[m]["ours"] for m in mixes], 0.4, label="ours")
+    ax.bar(x + 0.2, [regrets[m]["torchrec"] for m in mixes], 0.4, label="TorchRec's planner")
+    ax.axhline(1.02, color="k", linestyle="--", linewidth=1, label="1.02")
+    ax.set_xticks(x, [f"{m}\n{regrets[m]['tables']} tables" for m in mixes], fontsize=7)
+    ax.set_ylabel("measured step / fastest plan's")
+    ax.set_ylim(0.95, max(1.1, max(max(r["ours"], r["torchrec"]) for r in regrets.values()) * 1.05))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "costmodel_regret.png", dpi=100)
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=3, help="held-out runs per plan (the fit half trains once)")
+    ap.add_argument("--mixes", type=int, default=len(TABLE_COUNTS), help="the first N mixes (a quick look)")
+    args = ap.parse_args()
+    if args.steps < 30 or args.repeats < 1 or not 2 <= args.mixes <= len(TABLE_COUNTS):
+        print(f"error: --steps must be >= 30 (3 windows), --repeats >= 1, --mixes in 2..{len(TABLE_COUNTS)}", file=sys.stderr)
+        return 2
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fitted_profile = RESULTS / "costmodel_fitted.yaml"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        fit_dirs = [d for i in range(0, args.mixes, 2) for d in run_mix(i, "cpu_gloo", args.steps, 1, tmp, log)]
+        _, fit = refit_from_runs(fit_dirs, "cpu_gloo", fitted_profile)
+        print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
+        held_dirs = [d for i in range(1, args.mixes, 2) for d in run_mix(i, str(fitted_profile), args.steps, args.repeats, tmp, log)]
+        calibrated = profile_values(load_run(fit_dirs[0]).run.problem.cluster)
+        held = [load_run(d, str(fitted_profile)) for d in held_dirs]
+        fit_runs_ = [load_run(d, str(fitted_profile)) for d in fit_dirs]
+        held_out = [describe(r, fit.values, calibrated) for r in held]
+        fitted_on = [describe(r, fit.values, calibrated) for r in fit_runs_]
+    regrets = regret(held_out)
+    summary = {
+        "held_out": accuracy(held_out, "predicted_step_ms"),
+        "held_out_calibrated_profile": accuracy(held_out, "predicted_step_ms_calibrated"),
+        "fit_half": accuracy(fitted_on, "predicted_step_ms"),
+        "held_out_phases": phase_errors(held_out),
+        "regret_ours_max": max(r["ours"] for r in regrets.values()),
+        "regret_torchrec_max": max(r["torchrec"] for r in regrets.values()),
+        "fit_residuals": fit.residuals,
+        "fitted_values": fit.values,
+    }
+    mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
+    doc = {"summary": summary, "regret": regrets, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
+           "fit_half": fitted_on, "mixes": mixes, "hardware": str(hardware_path("cpu_gloo").relative_to(ROOT))}
+    (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plots(held_out, regrets, summary)
+    print(json.dumps(summary, indent=1))
+    print("| mix | tables | fastest plan | ours regret | TorchRec regret |\n|---|---|---|---|---|")
+    for m, r in regrets.items():
+        print(f"| {m} | {r['tables']} | {r['fastest']} | {r['ours']:.3f} | {r['torchrec']:.3f} |")
     return 0
 
 

@@ -112,10 +112,11 @@ def run_profile(args: argparse.Namespace) -> int:
 def add_simulate_parser(sub) -> None:
     p = sub.add_parser("simulate", help="per-rank cost breakdown, step time and memory of a plan")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--config", required=True, help="the config the plan is for (tables, model, training)")
-    p.add_argument("--hardware", help="hardware profile (default: the config's)")
+    p.add_argument("--config", help="the config the plan is for (tables, model, training); with --measured, the run's own")
+    p.add_argument("--hardware", help="hardware profile (default: the config's, or the one the measured run used)")
     p.add_argument("--batch-size", type=int, help="per rank")
     p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16")
+    p.add_argument("--measured", metavar="RUN_DIR", help="a finished run of this plan: predicted beside measured, per rank and phase")
     p.add_argument("--json", help="also write the simulation as JSON here")
 
 
@@ -126,11 +127,37 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     check_output_file("--json", args.json)
     plan = Plan.load(args.plan)
+    if args.measured:
+        return simulate_measured(args, plan)
+    if not args.config:
+        raise ConfigError("simulate: give the plan's --config (or --measured RUN_DIR, a run of it)")
     run = run_for_plan(args, plan)
-    result = simulate(plan, run.problem, run.model)
+    result = simulate(plan, run.problem, run.model, run.train.dense_optimizer)
     print(result.format())
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
+
+
+def simulate_measured(args: argparse.Namespace, plan: Plan) -> int:
+    import json
+
+    from dlrm_scale.tools.fit import compare
+    from dlrm_scale.tools.runs import load_run
+
+    for flag, value in (("--config", args.config), ("--batch-size", args.batch_size), ("--comm-precision", args.comm_precision)):
+        if value is not None:
+            raise ConfigError(f"simulate --measured: {flag} cannot apply, the run recorded what it trained; drop {flag}")
+    measured = load_run(args.measured, args.hardware)
+    if measured.plan.to_dict()["tables"] != plan.to_dict()["tables"]:
+        raise ConfigError(f"simulate --measured: {args.measured} trained another plan than {args.plan}; "
+                          f"give its own, {Path(args.measured) / 'plan.json'}")
+    comparison = compare(measured)
+    print(comparison.format(measured))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"predicted": comparison.predicted, "measured": measured.phases_ms,
+                                               "predicted_step_ms": comparison.predicted_step_ms, "measured_step_ms": measured.step_ms},
+                                              indent=1) + "\n")
     return 0
 
 
@@ -222,7 +249,10 @@ def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
     p.add_argument("--out", required=True, help="profile to write, e.g. configs/hardware/mybox.yaml")
     p.add_argument("--nproc", type=int, default=2, help="ranks per node to measure collectives with")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
+                   help="refit the profile --hardware (default: the runs') to these finished runs' metrics.jsonl and plan.json")
+    p.add_argument("--hardware", help="with --from-runs: the profile to start from")
     p.add_argument("--kernels-only", action="store_true",
                    help="only measure which CPU kernels are faster here and record them in the existing profile --out")
 
@@ -234,6 +264,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
 
+    if args.from_runs:
+        from dlrm_scale.tools.calibrate import refit_from_runs
+        from dlrm_scale.tools.runs import load_run
+
+        if args.kernels_only or args.quick:
+            raise ConfigError("calibrate --from-runs measures nothing itself; drop --kernels-only and --quick")
+        start = args.hardware or load_run(args.from_runs[0]).run.problem.cluster.name
+        profile, fit = refit_from_runs([Path(d) for d in args.from_runs], start, Path(args.out))
+        print(f"refitted {start} to {fit.runs} runs; median |error| " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in fit.residuals.items()))
+        print(f"wrote {args.out}")
+        return 0
+    if args.hardware:
+        raise ConfigError("calibrate: --hardware only applies with --from-runs (calibrate measures this machine)")
     if args.kernels_only:
         kernels, times = calibrate_kernels(Path(args.out))
         for kind, per_kernel in times.items():

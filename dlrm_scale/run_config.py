@@ -11,7 +11,7 @@ Flags come in as `Overrides`, merged once, here. A key no section reads is refus
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +267,36 @@ def load_problem(config_path: str | Path | None = None, tables_csv: str | Path |
     module's sections allowed beside the planner's): for benchmarks and notebooks."""
     return planner_load_problem(config_path, tables_csv, hardware, cluster_overrides, training_overrides, stats_path,
                                 other_sections=RUN_SECTIONS)
+
+
+RUN_RECORD_SCHEMA = "dlrm-scale/run/v1"
+
+
+def run_document(run: RunConfig) -> dict[str, Any]:
+    """The run as a config document (what metrics.jsonl records at its start), so a run can be
+    re-costed later (`calibrate --from-runs`, `simulate --measured`) through the same reader
+    and checks as a config file."""
+    problem = run.problem
+    tables = [{k: v for k, v in asdict(t).items() if v is not None} for t in problem.tables]
+    return {
+        "schema": RUN_RECORD_SCHEMA,
+        "hardware": problem.cluster.name,
+        "cluster": {"world_size": problem.cluster.world_size, "ranks_per_node": problem.cluster.ranks_per_node},
+        "training": asdict(problem.training),
+        "tiering": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.tiering).items()},
+        "model": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run.model).items()},
+        "train": {"cpu_embeddings": run.train.cpu_embeddings, "interaction": run.train.interaction},
+        "tables": tables,
+    }
+
+
+def run_from_document(doc: Any, where: str, hardware: str | None = None) -> RunConfig:
+    """A run recorded by `run_document`, checked as a config file is; priced with `hardware`
+    (a profile name or .yaml path), else the profile it recorded."""
+    if not isinstance(doc, dict) or doc.get("schema") != RUN_RECORD_SCHEMA:
+        raise ConfigError(f"{where}: not a {RUN_RECORD_SCHEMA} record; it was written by another version, re-run the training")
+    doc = {k: v for k, v in doc.items() if k != "schema"}
+    check_keys(doc, PLANNER_SECTIONS + RUN_SECTIONS, where)
+    problem = problem_from_doc(doc, where, Path.cwd(), hardware=hardware)
+    model = section_dataclass(doc, "model", ModelConfig, where)
+    return RunConfig(problem, model, _train_config(doc, Overrides(hardware=hardware)))

@@ -205,6 +205,21 @@ def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 2_0
     return w / np.sum(w * m), m
 
 
+def batch_request_probability(p: np.ndarray, num_ids: float) -> np.ndarray:
+    """Chance that a batch of `num_ids` independent draws requests a row of probability p."""
+    return -np.expm1(num_ids * np.log1p(-np.minimum(p, 1 - 1e-15)))
+
+
+@lru_cache(maxsize=65536)
+def zipf_unique_ids(num_rows: int, exponent: float, num_ids: float) -> float:
+    """Expected distinct rows among `num_ids` independent draws from a table's Zipf law
+    (exponent 0: uniform): what a kernel that merges duplicate ids touches."""
+    if num_ids <= 0:
+        return 0.0
+    p, m = zipf_row_probabilities(num_rows, exponent)
+    return float(np.sum(batch_request_probability(p, num_ids) * m))
+
+
 def zipf_access(name: str, num_rows: int, exponent: float, batch_size: int, pooling_factor: float,
                 fractions: Sequence[float] = CACHE_FRACTIONS) -> TableAccess:
     """Steady-state statistics under independent Zipf draws of `batch_size * pooling_factor`
@@ -212,8 +227,7 @@ def zipf_access(name: str, num_rows: int, exponent: float, batch_size: int, pool
     LFU keeps the rows of highest q. LRU follows Che's approximation: a row stays cached for
     a characteristic T batches, with sum(1 - (1-q)^T) = C, and hits with 1 - (1-q)^T."""
     p, m = zipf_row_probabilities(num_rows, exponent)
-    n = batch_size * pooling_factor
-    q = -np.expm1(n * np.log1p(-np.minimum(p, 1 - 1e-15)))
+    q = batch_request_probability(p, batch_size * pooling_factor)
     unique = float(np.sum(q * m))
     order = np.argsort(-q, kind="stable")
     q_sorted, m_sorted = q[order], m[order]

@@ -47,16 +47,23 @@ PROFILE_KEYS = {
     "collective_latency_ms": "collective_latency_ms",
     "lookup_fwd_ns": "lookup_fwd_ns",
     "lookup_bwd_ns": "lookup_bwd_ns",
+    "lookup_bwd_row_ns": "lookup_bwd_row_ns",
     "input_id_ns": "input_id_ns",
     "dense_update_ns": "dense_update_ns",
+    "dense_grad_ns": "dense_grad_ns",
     "dense_gflops": "dense_gflops",
     "step_overhead_ms": "step_overhead_ms",
+    "dense_overhead_ms": "dense_overhead_ms",
+    "comm_shard_ms": "comm_shard_ms",
+    "comm_byte_ns": "comm_byte_ns",
     "table_overhead_ms": "table_overhead_ms",
     "ddr_latency_us": "ddr_latency_us",
     "ssd_latency_us": "ssd_latency_us",
     "cache_id_ns": "cache_id_ns",
     "source": None,
     "calibrated": None,
+    "fitted_on": None,  # what `dlrm-scale calibrate` fitted the constants on, and its residuals
+    "fit_residuals": None,
     "cpu_kernels": None,  # the trainer's measured kernel choice (dlrm_scale.train); not the planner's
 }
 TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))

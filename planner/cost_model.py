@@ -23,7 +23,7 @@ from planner.specs import (
     TableSpec,
     TrainingSpec,
 )
-from planner.access_stats import TableAccess
+from planner.access_stats import TableAccess, zipf_unique_ids
 from planner.schemes import cache_rows, cached_kernel_for
 from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 
@@ -88,28 +88,35 @@ def optimizer_state_bytes(rows: int, cols: int, optimizer: str) -> int:
     return 4 * (per_weight * rows * cols + per_row * rows)
 
 
-def lookup_fwd_ms(num_lookups: float, cols: int, tier_gb_per_s: float, launch_ms: float, per_id_ns: float = 0.0) -> float:
-    """Forward pooled lookup: each id reads one row of `cols` fp32 weights from its tier.
+def lookup_fwd_ms(num_lookups: float, distinct_rows: float, cols: int, tier_gb_per_s: float, launch_ms: float,
+                  per_id_ns: float = 0.0) -> float:
+    """Forward pooled lookup: each id adds one row of `cols` fp32 weights into its sample's sum.
 
-    Assumes the kernel is bound by the tier's bandwidth (rows are scattered, so no reuse
-    across ids is credited), plus a fixed cost per id (index handling; small on a GPU, the
-    larger part on a CPU) and a fixed launch cost per shard.
+    Assumes the kernel is bound by the tier's bandwidth for each distinct row of the batch (a
+    repeated row is served by the processor's caches, and skewed ids repeat often), plus a
+    fixed cost per id (index handling and the adds; small on a GPU, the larger part on a CPU)
+    and a fixed launch cost per shard.
     """
-    return transfer_ms(num_lookups * cols * WEIGHT_BYTES, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
+    return transfer_ms(distinct_rows * cols * WEIGHT_BYTES, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
 
 
-def lookup_bwd_ms(
-    num_lookups: float, cols: int, optimizer: str, tier_gb_per_s: float, launch_ms: float, per_id_ns: float = 0.0
-) -> float:
-    """Backward with the optimizer fused in: per id, read and write the row and its state.
-
-    Assumes every looked-up row is read and written once per id (duplicates not merged),
-    so twice the forward's row bytes plus twice the per-row optimizer state, plus a fixed
-    cost per id (sorting and deduplicating ids dominates FBGEMM's CPU backward).
+def lookup_bwd_ms(num_lookups: float, distinct_rows: float, cols: int, optimizer: str, tier_gb_per_s: float,
+                  launch_ms: float, per_id_ns: float = 0.0, per_row_ns: float = 0.0) -> float:
+    """Backward with the optimizer fused in, as exact kernels (FBGEMM's, ours) run it: the ids
+    sorted and merged by row (a fixed cost per id), then each distinct row and its optimizer
+    state read and written once, with the optimizer's math (a fixed cost per row), plus a fixed
+    launch cost per shard.
     """
-    state_row_bytes = optimizer_state_bytes(1, cols, optimizer)
-    bytes_touched = num_lookups * 2 * (cols * WEIGHT_BYTES + state_row_bytes)
-    return transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
+    bytes_touched = distinct_rows * 2 * (cols * WEIGHT_BYTES + optimizer_state_bytes(1, cols, optimizer))
+    return (transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + distinct_rows * per_row_ns * 1e-6
+            + launch_ms)
+
+
+def distinct_rows_per_step(table: TableSpec, num_ids: float, shards_sharing: int = 1) -> float:
+    """Distinct rows among the `num_ids` of one step's batch that reach a table, split evenly
+    over `shards_sharing` row blocks (ids are hashed, so hot rows are spread). Assumes the
+    table's Zipf law (uniform when none is given) and independent draws."""
+    return zipf_unique_ids(table.num_embeddings, float(table.zipf_exponent or 0.0), float(num_ids)) / shards_sharing
 
 
 def cache_miss_ms(misses: float, cols: int, optimizer: str, tier_gb_per_s: float, latency_us: float) -> float:
@@ -132,11 +139,18 @@ def cache_lookup_ms(num_lookups: float, per_id_ns: float) -> float:
 
 
 def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float, per_weight_ns: float = 0.0) -> float:
-    """Optimizer step of a data-parallel replica: every row and its state read and written,
-    plus a fixed cost per weight (on a CPU the unfused optimizer's several passes over a
-    dense gradient dominate)."""
+    """The dense side of a data-parallel replica: its gradient copied into DDP's buckets and
+    the dense optimizer's step, every row and its state read and written, plus a fixed cost
+    per weight (on a CPU the unfused optimizer's several passes over a dense gradient
+    dominate)."""
     moved = 2 * (rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer))
     return transfer_ms(moved, tier_gb_per_s) + rows * cols * per_weight_ns * 1e-6
+
+
+def dense_gradient_ms(rows: int, cols: int, per_weight_ns: float) -> float:
+    """A replica's backward builds a dense gradient of its whole table (zeroed, the lookups'
+    gradients added in): a fixed cost per weight, whatever the batch touched."""
+    return rows * cols * per_weight_ns * 1e-6
 
 
 def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
@@ -145,8 +159,8 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     The (L-1)/W share for the node's other ranks crosses the intra-node link, the (W-L)/W
     share the inter-node link; both links work at once, so the slower one sets the time.
     The 1/W share for the rank itself is free. TorchRec sends all of a rank's shards in one
-    collective per step, so a shard pays bandwidth only; the collective's latency is paid
-    once per step (framework_overhead_ms).
+    collective per step, so a shard pays bandwidth only; the collective's latency
+    (collective_latency_ms) is paid once per step, by the step (dlrm_scale.tools.simulate).
     """
     world, local = cluster.world_size, cluster.ranks_per_node
     intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
@@ -156,8 +170,17 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
 
 def input_distribution_ms(num_ids: float, cluster: ClusterSpec) -> float:
     """Routing a shard's ids to it: the int64 ids over the all-to-all, plus host-side work per
-    id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU)."""
-    return all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6
+    id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU) and
+    the shard's part of the collective's host work (shard_comm_ms)."""
+    return all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6 + shard_comm_ms(0.0, cluster)
+
+
+def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:
+    """Host work a shard adds to an embedding collective it joins, beyond the link: a fixed
+    part (its feature's splits and permutes; many small shards pay more than few large ones)
+    and a part per byte it puts in or takes out (copies into and out of the batched buffer,
+    the whole shard's output, not only what crosses the link)."""
+    return cluster.comm_shard_ms + num_bytes * cluster.comm_byte_ns * 1e-6
 
 
 def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
@@ -191,18 +214,16 @@ def dense_compute_ms(flops: float, gflops: float) -> float:
     return flops / (gflops * 1e6) if gflops > 0 else 0.0
 
 
-COLLECTIVES_PER_STEP = 4  # ids all-to-all, pooled outputs forward, gradients backward, dense all-reduce
+def dense_overhead_ms(cluster: ClusterSpec) -> float:
+    """Fixed time per step of the dense layers beyond their FLOPs: launching each layer's
+    forward and backward and the optimizer's passes (the larger part for small MLPs on a CPU)."""
+    return cluster.dense_overhead_ms
 
 
-def framework_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
-    """Per-step time outside kernels and collectives' bandwidth: the latency of the step's
-    few batched collectives, and host work (Python, input splitting, optimizer bookkeeping)
-    as a fixed part and a part per table. The same for every plan of a model."""
-    return (
-        COLLECTIVES_PER_STEP * cluster.collective_latency_ms
-        + cluster.step_overhead_ms
-        + num_tables * cluster.table_overhead_ms
-    )
+def host_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
+    """Per-step host work outside kernels and collectives (Python, input splitting, optimizer
+    bookkeeping): a fixed part and a part per table. The same for every plan of a model."""
+    return cluster.step_overhead_ms + num_tables * cluster.table_overhead_ms
 
 
 def rows_bytes(rows: int, cols: int, optimizer: str) -> int:
@@ -253,39 +274,38 @@ class AnalyticCostModel:
         opt = tr.embedding_optimizer
         fwd_p, bwd_p = tr.fwd_comm_precision, tr.bwd_comm_precision
         st = req.sharding_type
+        group = {ShardingType.ROW_WISE: world, ShardingType.TABLE_ROW_WISE: local}.get(st, 1)
+        batch_ids = (local_batch if st is ShardingType.DATA_PARALLEL else global_batch) * pooling
         if g.rows == 0:  # an empty trailing row block still joins the collectives
-            lookups = 0.0
-        elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-            group = world if st is ShardingType.ROW_WISE else local
-            lookups = global_batch * pooling / group  # ids spread evenly over the row blocks
-        elif st is ShardingType.DATA_PARALLEL:
-            lookups = local_batch * pooling
-        else:
-            lookups = global_batch * pooling
+            lookups = distinct = 0.0
+        else:  # row blocks share the ids evenly
+            lookups, distinct = batch_ids / group, distinct_rows_per_step(table, batch_ids, group)
 
-        fwd_compute = lookup_fwd_ms(lookups, g.cols, bw, launch, cl.lookup_fwd_ns)
+        fwd_compute = lookup_fwd_ms(lookups, distinct, g.cols, bw, launch, cl.lookup_fwd_ns)
         if req.cached:  # rows are made resident before the lookup
             misses = lookups * req.unique_ratio * (1.0 - req.hit_rate)
             fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.tier_gb_per_s(req.tier), cl.tier_latency_us(req.tier))
             fwd_compute += cache_lookup_ms(lookups, cl.cache_id_ns)
-        bwd_compute = lookup_bwd_ms(lookups, g.cols, opt, bw, launch, cl.lookup_bwd_ns)
+        bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.lookup_bwd_ns, cl.lookup_bwd_row_ns)
         if st is ShardingType.DATA_PARALLEL:
+            bwd_compute += dense_gradient_ms(g.rows, g.cols, cl.dense_grad_ns)
             bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw, cl.dense_update_ns)
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 
         ids_in = input_distribution_ms(lookups, cl)
+        # every scheme's shard puts its pooled sums for the global batch into the collective
+        out_fwd, out_bwd = row_comm_bytes(global_batch, g.cols, fwd_p), row_comm_bytes(global_batch, g.cols, bwd_p)
         if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-            group = world if st is ShardingType.ROW_WISE else local
-            fwd = reduce_scatter_ms(row_comm_bytes(global_batch, g.cols, fwd_p), group, cl)
-            bwd = reduce_scatter_ms(row_comm_bytes(global_batch, g.cols, bwd_p), group, cl)
+            fwd = reduce_scatter_ms(out_fwd, group, cl)
+            bwd = reduce_scatter_ms(out_bwd, group, cl)
             if st is ShardingType.TABLE_ROW_WISE:  # then each rank's 1/L of the node's sums goes out
                 fwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, fwd_p), cl)
                 bwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, bwd_p), cl)
-            return Perf(fwd_compute, ids_in + fwd, bwd_compute, bwd)
-        fwd = all_to_all_ms(row_comm_bytes(global_batch, g.cols, fwd_p), cl)
-        bwd = all_to_all_ms(row_comm_bytes(global_batch, g.cols, bwd_p), cl)
-        return Perf(fwd_compute, ids_in + fwd, bwd_compute, bwd)
+        else:
+            fwd = all_to_all_ms(out_fwd, cl)
+            bwd = all_to_all_ms(out_bwd, cl)
+        return Perf(fwd_compute, fwd + shard_comm_ms(out_fwd, cl), bwd_compute, bwd + shard_comm_ms(out_bwd, cl), ids_in)
 
     def shard_storage(self, req: OptionRequest, g: ShardGeometry) -> Storage:
         samples = self.training.batch_size_per_rank * (

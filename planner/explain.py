@@ -122,7 +122,7 @@ def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: 
     for name, option in costed.items():
         loads.add(option, plan.tables[name].ranks)
     critical = int(loads.ms.argmax())
-    phases = {"fwd_compute": 0.0, "fwd_comms": 0.0, "bwd_compute": 0.0, "bwd_comms": 0.0}
+    phases = {"input_dist": 0.0, "fwd_compute": 0.0, "fwd_comms": 0.0, "bwd_compute": 0.0, "bwd_comms": 0.0}
     on_critical: dict[str, float] = {}
     for name, option in costed.items():
         for rank, shard in zip(plan.tables[name].ranks, option.shards):

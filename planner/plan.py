@@ -97,6 +97,7 @@ class Plan:
                     "breakdown_ms": {
                         "fwd_compute": r.perf.fwd_compute_ms, "fwd_comms": r.perf.fwd_comms_ms,
                         "bwd_compute": r.perf.bwd_compute_ms, "bwd_comms": r.perf.bwd_comms_ms,
+                        "input_dist": r.perf.input_dist_ms,
                     },
                     "memory_bytes": r.memory.as_dict(),
                 }
@@ -216,7 +217,7 @@ class _Reader:
     def rank(self, i: int, r: Any) -> RankPlan:
         where = f"ranks[{i}]"
         b = self.need(r, "breakdown_ms", dict, where) if isinstance(r, dict) and "breakdown_ms" in r else {}
-        perf = Perf(*(self.number(b, k, f"{where}.breakdown_ms", 0.0) for k in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms")))
+        perf = Perf(*(self.number(b, k, f"{where}.breakdown_ms", 0.0) for k in ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "input_dist")))
         if not b:
             perf = Perf(fwd_compute_ms=self.number(r, "predicted_ms", where))
         mem = self.need(r, "memory_bytes", dict, where)
@@ -252,6 +253,15 @@ def table_layout(table: TableSpec, sharding_type: ShardingType, ranks: Sequence[
     )
     kernel = cached_kernel_for(tier) if cached else compute_kernel_for(sharding_type)
     return TablePlan(sharding_type.value, kernel, table.num_embeddings, table.embedding_dim, shards, cache_load_factor)
+
+
+def uniform_plan(problem: PlanningProblem, sharding_type: ShardingType) -> Plan:
+    """Every table laid out the same way in the device tier (the baselines a planner is measured
+    against): table-wise tables dealt round the ranks, the other schemes over every rank."""
+    world, tier = problem.cluster.world_size, problem.cluster.device_tier
+    tables = {t.name: table_layout(t, sharding_type, [i % world] if sharding_type is ShardingType.TABLE_WISE else list(range(world)), tier)
+              for i, t in enumerate(problem.tables)}
+    return Plan(world, problem.cluster.ranks_per_node, tables, (), 0.0, 0.0)
 
 
 def check_placement(name: str, table: TablePlan, world: int, local: int, source: str = "plan") -> None:

@@ -75,6 +75,7 @@ def plan_figure(plan: Plan, capacity_bytes: dict[str, int] | None = None):
     for label, values in (
         ("fwd compute", [r.perf.fwd_compute_ms for r in plan.ranks]),
         ("bwd compute", [r.perf.bwd_compute_ms for r in plan.ranks]),
+        ("input dist", [r.perf.input_dist_ms for r in plan.ranks]),
         ("fwd comms", [r.perf.fwd_comms_ms for r in plan.ranks]),
         ("bwd comms", [r.perf.bwd_comms_ms for r in plan.ranks]),
     ):

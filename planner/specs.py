@@ -133,12 +133,17 @@ class ClusterSpec:
     inter_node_gb_per_s: float  # per rank, one direction
     kernel_launch_ms: float = 0.0  # fixed cost of each shard's kernel per pass
     collective_latency_ms: float = 0.0  # fixed cost of one collective (paid a few times per step)
+    comm_shard_ms: float = 0.0  # host work per shard in each embedding collective (its feature's splits and copies)
+    comm_byte_ns: float = 0.0  # host work per byte a shard puts into or takes out of an embedding collective (copies)
     lookup_fwd_ns: float = 0.0  # fixed cost per id looked up, beyond its bytes (large on CPUs)
     lookup_bwd_ns: float = 0.0  # same for the backward with the fused optimizer
+    lookup_bwd_row_ns: float = 0.0  # the backward's fixed cost per distinct row updated (the optimizer's math)
     input_id_ns: float = 0.0  # host-side handling of each id routed to its shard (input distribution)
     dense_update_ns: float = 0.0  # fixed cost per weight of a replica's dense optimizer step (CPU)
+    dense_grad_ns: float = 0.0  # fixed cost per weight of a replica's dense gradient in the backward (CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
+    dense_overhead_ms: float = 0.0  # fixed time per step of the dense layers' passes and optimizer (simulation)
     table_overhead_ms: float = 0.0  # the same per embedding table (input splitting, bookkeeping)
     ddr_latency_us: float = 0.0  # per row fetched from the tier, amortised over its parallel requests
     ssd_latency_us: float = 0.0
@@ -164,8 +169,9 @@ class ClusterSpec:
                 raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
-        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "input_id_ns", "dense_update_ns", "dense_gflops",
-                     "step_overhead_ms", "table_overhead_ms", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
+        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "input_id_ns",
+                     "dense_update_ns", "dense_grad_ns", "dense_gflops",
+                     "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigError(f"{owner}: '{name}' must be >= 0")

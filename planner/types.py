@@ -49,9 +49,10 @@ class Perf:
     """Per-step time of one shard, or of a rank (the sum of its shards), in milliseconds."""
 
     fwd_compute_ms: float = 0.0
-    fwd_comms_ms: float = 0.0
+    fwd_comms_ms: float = 0.0  # the pooled embeddings' collective
     bwd_compute_ms: float = 0.0
-    bwd_comms_ms: float = 0.0
+    bwd_comms_ms: float = 0.0  # their gradients' collective (a replica's: its gradient all-reduce)
+    input_dist_ms: float = 0.0  # routing the ids to the shard
 
     @property
     def compute_ms(self) -> float:
@@ -59,7 +60,7 @@ class Perf:
 
     @property
     def comms_ms(self) -> float:
-        return self.fwd_comms_ms + self.bwd_comms_ms
+        return self.input_dist_ms + self.fwd_comms_ms + self.bwd_comms_ms
 
     @property
     def total_ms(self) -> float:
@@ -71,6 +72,7 @@ class Perf:
             self.fwd_comms_ms + other.fwd_comms_ms,
             self.bwd_compute_ms + other.bwd_compute_ms,
             self.bwd_comms_ms + other.bwd_comms_ms,
+            self.input_dist_ms + other.input_dist_ms,
         )
 
 

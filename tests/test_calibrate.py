@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from dlrm_scale.tools.calibrate import fit_comms, fit_embedding, nonnegative_lstsq
+from dlrm_scale.tools.calibrate import fit_comms, fit_embedding
+from dlrm_scale.tools.fit import nonnegative_lstsq
 from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
 
 
@@ -14,18 +15,21 @@ def test_nonnegative_least_squares():
 
 
 def test_embedding_fit_recovers_the_cost_model_constants():
-    launch, fwd_ns, bwd_ns, gb_per_s = 0.2, 3.0, 150.0, 20.0
+    launch, fwd_ns, bwd_ns, row_ns, gb_per_s = 0.2, 3.0, 15.0, 60.0, 20.0
     samples = []
     for dim in (16, 64, 128):
         for pooling in (1, 8, 32):
-            lookups = 2048 * pooling
-            samples.append({"rows": 10**5, "dim": dim, "pooling": pooling, "lookups": lookups,
-                            "fwd_ms": lookup_fwd_ms(lookups, dim, gb_per_s, launch, fwd_ns),
-                            "bwd_ms": lookup_bwd_ms(lookups, dim, "rowwise_adagrad", gb_per_s, launch, bwd_ns)})
+            for distinct_ratio in (0.9, 0.3):  # few and many repeated ids: per id and per row apart
+                lookups = 2048 * pooling
+                distinct = lookups * distinct_ratio
+                samples.append({"rows": 10**5, "dim": dim, "pooling": pooling, "lookups": lookups, "distinct": distinct,
+                                "fwd_ms": lookup_fwd_ms(lookups, distinct, dim, gb_per_s, launch, fwd_ns),
+                                "bwd_ms": lookup_bwd_ms(lookups, distinct, dim, "rowwise_adagrad", gb_per_s, launch, bwd_ns, row_ns)})
     fit = fit_embedding(samples, "rowwise_adagrad")
     assert fit["kernel_launch_ms"] == pytest.approx(launch, rel=1e-6)
     assert fit["lookup_fwd_ns"] == pytest.approx(fwd_ns, rel=1e-6)
     assert fit["lookup_bwd_ns"] == pytest.approx(bwd_ns, rel=1e-6)
+    assert fit["lookup_bwd_row_ns"] == pytest.approx(row_ns, rel=1e-6)
     assert fit["ddr_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
 
 

@@ -30,10 +30,43 @@ def test_optimizer_state():
 
 
 def test_lookup_fwd_and_bwd():
-    # 1e6 lookups of 64 fp32 columns at 256 GB/s: 256e6 bytes -> 1 ms, plus 0.01 ms launch
-    assert cm.lookup_fwd_ms(1e6, 64, 256.0, 0.01) == pytest.approx(1.01)
-    # bwd with rowwise adagrad: 2 * (256 + 4) bytes per lookup
-    assert cm.lookup_bwd_ms(1e6, 64, "rowwise_adagrad", 260.0 * 2, 0.0) == pytest.approx(1.0)
+    # 1e6 distinct rows of 64 fp32 columns at 256 GB/s: 256e6 bytes -> 1 ms, plus 0.01 ms launch
+    assert cm.lookup_fwd_ms(2e6, 1e6, 64, 256.0, 0.01) == pytest.approx(1.01)
+    # plus 3 ns for each of the 2e6 ids: 6 ms
+    assert cm.lookup_fwd_ms(2e6, 1e6, 64, 256.0, 0.01, per_id_ns=3.0) == pytest.approx(7.01)
+    # bwd with rowwise adagrad: 2 * (256 + 4) bytes per distinct row (1 ms), 5 ns per id (10 ms), 100 ns per row (100 ms)
+    assert cm.lookup_bwd_ms(2e6, 1e6, 64, "rowwise_adagrad", 260.0 * 2, 0.0, 5.0, 100.0) == pytest.approx(111.0)
+
+
+def test_skewed_ids_cost_less_than_uniform_ones_at_the_same_count():
+    """Exact kernels merge duplicate ids: a skewed table touches fewer rows per batch, so its
+    lookups cost less, and a data-parallel replica (local batch) has a higher distinct ratio."""
+    cluster = make_cluster(ranks_per_node=2, lookup_bwd_row_ns=50.0, lookup_fwd_ns=1.0, lookup_bwd_ns=1.0)
+    model = AnalyticCostModel(cluster, TrainingSpec(batch_size_per_rank=1024))
+
+    def bwd(zipf):
+        t = TableSpec("t", 1_000_000, 64, 10.0, zipf)
+        (opt,) = model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "fused", "hbm", tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1)))])
+        return opt.shards[0].perf.bwd_compute_ms
+
+    assert bwd(1.2) < 0.5 * bwd(None)
+    t = TableSpec("t", 1_000_000, 64, 10.0, 1.1)
+    ids = 2048 * 10.0
+    assert cm.distinct_rows_per_step(t, ids) < ids
+    assert cm.distinct_rows_per_step(t, ids, 2) == pytest.approx(cm.distinct_rows_per_step(t, ids) / 2)
+    assert cm.distinct_rows_per_step(t, ids / 2) / (ids / 2) > cm.distinct_rows_per_step(t, ids) / ids
+
+
+def test_expected_distinct_rows_match_the_training_data():
+    """The planner's expected distinct rows per batch are what the trainer's Zipf ids give."""
+    import numpy as np
+
+    from dlrm_scale.training.data import ZipfIds
+    from planner.access_stats import zipf_unique_ids
+
+    for rows, s, n in [(100_000, 1.05, 20_480), (1000, 0.8, 5000), (2_000_000, 1.2, 65_536)]:
+        drawn = len(np.unique(ZipfIds(rows, s, seed=0).sample(n, np.random.default_rng(1))))
+        assert zipf_unique_ids(rows, s, float(n)) == pytest.approx(drawn, rel=0.03)
 
 
 def test_all_to_all_uses_slower_of_the_two_links():
@@ -59,12 +92,14 @@ def test_table_wise_shard_by_hand():
     model = AnalyticCostModel(c, tr)
     (opt,) = model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "fused", "hbm", tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1)))])
     perf = opt.shards[0].perf
-    lookups = 4000 * 2.0  # the global batch, two ids each
-    assert perf.fwd_compute_ms == pytest.approx(lookups * 64 / 1e9)
-    assert perf.bwd_compute_ms == pytest.approx(lookups * 2 * 64 / 1e9)
+    lookups = 4000 * 2.0  # the global batch, two ids each, uniform over 1000 rows
+    distinct = 1000 * (1 - (1 - 1 / 1000) ** lookups)  # each row drawn at least once
+    assert perf.fwd_compute_ms == pytest.approx(distinct * 64 / 1e9, rel=1e-3)
+    assert perf.bwd_compute_ms == pytest.approx(distinct * 2 * 64 / 1e9, rel=1e-3)
     ids = 3 / 4 * lookups * 8 / 100e6
     outputs = 3 / 4 * 4000 * 64 / 100e6
-    assert perf.fwd_comms_ms == pytest.approx(ids + outputs)
+    assert perf.input_dist_ms == pytest.approx(ids)
+    assert perf.fwd_comms_ms == pytest.approx(outputs)
     assert perf.bwd_comms_ms == pytest.approx(outputs)
     assert opt.shards[0].storage.hbm_bytes == 1000 * 16 * 4 + 2 * 4000 * 16 * 4
 

@@ -6,18 +6,22 @@ Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets 
   trainer runs them by default (our row-wise Adagrad kernel, tables on huge pages);
 - all-to-all and all-reduce over the process group backend (gloo on CPU) for N ranks;
 - dense MLP forward+backward throughput;
-- framework overhead per step, per table and per id routed, from tiny models trained for real.
-Fits are least squares on relative error of the cost model's own formulas
-(planner/cost_model.py), so the profile's constants mean exactly what the planner uses.
+then small generated table mixes trained for real under several plans, whose per-phase times
+refit every constant together (dlrm_scale.tools.fit, what `calibrate --from-runs` does with a
+user's own runs), the micro-benchmarks' values as priors. Fits are least squares on relative
+error of the cost model's own formulas (planner/cost_model.py), so the profile's constants mean
+exactly what the planner uses.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shutil
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +35,9 @@ from tqdm import tqdm
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from planner.specs import GIB
-from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
+from dlrm_scale.tools.fit import NO_TIME_GB_PER_S, Fit, fit_runs, fitted_fields, nonnegative_lstsq
+from dlrm_scale.tools.runs import load_run
+from planner.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
 from planner.errors import ConfigError
 
 
@@ -53,18 +59,6 @@ class CalibrationConfig:
             raise ConfigError("calibrate: --nproc must be at least 2 to measure collectives")
         if self.repeats < 1:
             raise ConfigError("calibrate: repeats must be >= 1")
-
-
-def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with x >= 0: drop the most negative unknown and refit until none is."""
-    active = list(range(a.shape[1]))
-    while True:
-        x_active, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
-        if np.all(x_active >= 0) or not active:
-            x = np.zeros(a.shape[1])
-            x[active] = x_active
-            return x
-        active.pop(int(np.argmin(x_active)))
 
 
 def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> list[dict]:
@@ -104,7 +98,7 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
 
                     both = time_ms(step, cfg.repeats)
                     samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
-                                    "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
+                                    "distinct": int(len(torch.unique(ids))), "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
                     if progress:
                         progress.update(1)
     finally:
@@ -113,26 +107,36 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
     return samples
 
 
+EMBEDDING_CONSTANTS = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s")
+
+
 def fit_embedding(samples: list[dict], optimizer: str) -> dict[str, float]:
-    """launch, per-id forward and backward costs and bandwidth of cost_model.lookup_*_ms."""
+    """The constants of cost_model.lookup_fwd_ms / lookup_bwd_ms, from the formulas themselves:
+    each is linear in a launch cost, costs per id and per distinct row, and 1 / bandwidth."""
+
+    def fwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
+        return lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], _gb_per_s(ms_per_byte), launch, fwd_ns)
+
+    def bwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
+        return lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], optimizer, _gb_per_s(ms_per_byte), launch, bwd_ns, row_ns)
+
     rows, targets = [], []
+    basis = np.eye(len(EMBEDDING_CONSTANTS))
     for s in samples:
-        fwd_bytes = s["lookups"] * s["dim"] * WEIGHT_BYTES
-        bwd_bytes = s["lookups"] * 2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer))
-        # unknowns: launch ms, fwd ns/id, bwd ns/id, ms per byte
-        rows.append([1.0, s["lookups"] * 1e-6, 0.0, fwd_bytes])
-        targets.append(s["fwd_ms"])
-        rows.append([1.0, 0.0, s["lookups"] * 1e-6, bwd_bytes])
-        targets.append(s["bwd_ms"])
+        for formula, measured in ((fwd, s["fwd_ms"]), (bwd, s["bwd_ms"])):
+            zero = formula(s, *np.zeros(len(basis)))
+            rows.append([formula(s, *unit) - zero for unit in basis])
+            targets.append(measured)
     a, b = np.array(rows), np.array(targets)
     x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))  # relative error
-    ms_per_byte = max(x[3], 1e-12)
-    return {
-        "kernel_launch_ms": float(x[0]),
-        "lookup_fwd_ns": float(x[1]),
-        "lookup_bwd_ns": float(x[2]),
-        "ddr_gb_per_s": float(1.0 / (ms_per_byte * 1e6)),
-    }
+    fitted = dict(zip(EMBEDDING_CONSTANTS, (float(v) for v in x)))
+    fitted["ddr_gb_per_s"] = _gb_per_s(fitted["ddr_gb_per_s"])
+    return fitted
+
+
+def _gb_per_s(ms_per_byte_unit: float) -> float:
+    """A bandwidth from its reciprocal (1 / (GB/s)); none measured: the largest a profile takes."""
+    return min(1.0 / ms_per_byte_unit, NO_TIME_GB_PER_S) if ms_per_byte_unit > 0 else NO_TIME_GB_PER_S
 
 
 def _comm_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repeats: int, queue) -> None:
@@ -222,70 +226,65 @@ def dense_gflops(batch: int = 2048, widths: tuple[int, ...] = (512, 256, 64), re
     return flops / (time_ms(step, repeats) * 1e-3) / 1e9
 
 
-# (tables, rows, dim, pooling factor) of the small models whose real step time fits the
-# framework terms: few and many tables, few and many ids
-OVERHEAD_MODELS = ((2, 1000, 16, 1.0), (16, 1000, 16, 1.0), (4, 200_000, 64, 20.0))
-OVERHEAD_STEPS = 60
-OVERHEAD_BATCH_SIZE_PER_RANK = 256  # a measurement setting: the batch these small models are timed at
+# Small generated mixes trained for real, each under the plans named: (tables, rows, dim,
+# pooling factor, Zipf exponent), plans ("ours" = our planner's). Few and many tables, few and
+# many ids, every scheme, so each constant of the cost model shows in some phase.
+CALIBRATION_MIXES = (
+    ((2, 1000, 16, 1.0, 1.05), ("ours",)),
+    ((16, 1000, 16, 1.0, 1.05), ("ours",)),
+    ((4, 200_000, 64, 20.0, 1.05), ("ours", "row_wise", "column_wise")),
+    ((4, 20_000, 32, 2.0, 1.05), ("data_parallel", "table_wise")),
+)
+CALIBRATION_STEPS = 60
+CALIBRATION_BATCH_SIZE_PER_RANK = 512  # a measurement setting: the batch these mixes are timed at
+CALIBRATION_MODEL = {"num_dense_features": 13, "dense_arch": [64, 32], "over_arch": [64, 1]}
 
 
-def _overhead_model():
-    from dlrm_scale.run_config import ModelConfig
+def mix_document(mix: tuple, world: int, hardware: str) -> dict:
+    """A run document (dlrm_scale.run_config) of a generated mix of identical tables."""
+    from dlrm_scale.run_config import RUN_RECORD_SCHEMA
 
-    return ModelConfig(num_dense_features=13, dense_arch=(16,), over_arch=(16, 1))
+    num_tables, rows, dim, pooling, zipf = mix
+    return {
+        "schema": RUN_RECORD_SCHEMA, "hardware": hardware, "cluster": {"world_size": world, "ranks_per_node": world},
+        "training": {"batch_size_per_rank": CALIBRATION_BATCH_SIZE_PER_RANK}, "model": CALIBRATION_MODEL,
+        "train": {"steps": CALIBRATION_STEPS, "log_every": 10, "eval_batches": 1},
+        "tables": [{"name": f"t{i}", "num_embeddings": rows, "embedding_dim": dim, "pooling_factor": pooling, "zipf_exponent": zipf}
+                   for i in range(num_tables)],
+    }
 
 
-def _overhead_problem(model: tuple, cluster_fields: dict, world: int):
-    from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
-
-    num_tables, rows, dim, pooling = model
-    tables = tuple(TableSpec(f"t{i}", rows, dim, pooling) for i in range(num_tables))
-    cluster = ClusterSpec(num_nodes=1, ranks_per_node=world, device="cpu", hbm_bytes_per_rank=0, **cluster_fields)
-    return PlanningProblem(tables, cluster, TrainingSpec(OVERHEAD_BATCH_SIZE_PER_RANK))
-
-
-def _overhead_worker(rank: int, world: int, out_dir: str, model: tuple, cluster_fields: dict) -> float:
-    import json
-
-    from dlrm_scale.run_config import RunConfig, TrainConfig
+def _train_mix(rank: int, world: int, out_dir: str, doc: dict, plan_name: str, hardware: str) -> None:
+    from dlrm_scale.run_config import run_from_document
     from dlrm_scale.training.trainer import Trainer
+    from planner.plan import Plan, uniform_plan
     from planner.planning import make_plan
+    from planner.types import ShardingType
 
-    problem = _overhead_problem(model, cluster_fields, world)
-    plan = make_plan(problem)
-    run = RunConfig(problem, _overhead_model(), TrainConfig(steps=OVERHEAD_STEPS, log_every=10, eval_batches=1))
+    run = run_from_document(doc, "calibration mix", hardware)
+    box = [None]
+    if rank == 0:  # planned once: under its wall-clock limit a busy rank could plan otherwise
+        plan = make_plan(run.problem) if plan_name == "ours" else uniform_plan(run.problem, ShardingType(plan_name))
+        plan.save(Path(out_dir) / "plan.json")
+        box[0] = plan.to_dict()
+    dist.broadcast_object_list(box, src=0)
+    plan = Plan.from_dict(box[0], source="calibration plan")
     Trainer(run, plan, torch.device("cpu"), rank, world, Path(out_dir)).run()
-    if rank != 0:
-        return 0.0
-    rates = [json.loads(l)["samples_per_s"] for l in Path(out_dir, "metrics.jsonl").read_text().splitlines() if "samples_per_s" in l]
-    return float(OVERHEAD_BATCH_SIZE_PER_RANK * world / np.median(rates[1:]) * 1e3)
 
 
-def fit_overhead(cfg: CalibrationConfig, cluster_fields: dict) -> dict[str, float]:
-    """Framework time per step, per table and per id routed: tiny models trained for real on
-    `nproc` ranks, minus what the fitted kernels and collectives predict for them."""
-    import tempfile
-
+def calibration_runs(cfg: CalibrationConfig, profile: Path, directory: Path) -> list[Path]:
+    """Train CALIBRATION_MIXES for real on `nproc` ranks, priced with `profile`; their folders."""
     from dlrm_scale.tools.launch import run_on_ranks
-    from dlrm_scale.tools.simulate import simulate
-    from planner.planning import make_plan
 
-    rows, residuals = [], []
-    for model in OVERHEAD_MODELS:
-        with tempfile.TemporaryDirectory() as out:
-            measured = run_on_ranks(_overhead_worker, cfg.nproc, out, model, cluster_fields)
-        problem = _overhead_problem(model, cluster_fields, cfg.nproc)
-        plan = make_plan(problem)
-        sim = simulate(plan, problem, _overhead_model())
-        busiest = max(sim.ranks, key=lambda r: r.step_ms).rank
-        ids = sum(
-            OVERHEAD_BATCH_SIZE_PER_RANK * cfg.nproc * problem.tables_by_name[name].pooling_factor * sum(s.rows for s in t.shards if s.rank == busiest) / t.num_embeddings
-            for name, t in plan.tables.items() if t.sharding_type != "data_parallel"
-        )
-        rows.append([1.0, model[0], ids * 1e-6])
-        residuals.append(measured - sim.step_ms)
-    x = nonnegative_lstsq(np.array(rows), np.array(residuals))
-    return {"step_overhead_ms": float(x[0]), "table_overhead_ms": float(x[1]), "input_id_ns": float(x[2])}
+    folders = []
+    for k, (mix, plans) in enumerate(CALIBRATION_MIXES):
+        doc = mix_document(mix, cfg.nproc, str(profile))
+        for plan_name in plans:
+            folder = directory / f"mix{k}_{plan_name}"
+            folder.mkdir()
+            run_on_ranks(_train_mix, cfg.nproc, str(folder), doc, plan_name, str(profile))
+            folders.append(folder)
+    return folders
 
 
 def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20) -> list[dict]:
@@ -328,15 +327,16 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
 def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     """cache_id_ns from the all-hit batches, then ssd_gb_per_s and ssd_latency_us of
     planner.cost_model.cache_miss_ms from what misses add, at two row widths (the
-    width-dependent part is bandwidth, the rest latency)."""
-    from planner.cost_model import WEIGHT_BYTES, optimizer_state_bytes
-
+    width-dependent part is bandwidth, the rest latency), from the formula itself."""
     per_id_s = float(np.mean([s["hit_seconds"] / s["ids"] for s in samples]))
-    a = np.array([[2 * (s["dim"] * WEIGHT_BYTES + optimizer_state_bytes(1, s["dim"], optimizer)), 2.0] for s in samples])
-    b = np.array([(s["seconds"] - s["ids"] * per_id_s) / s["misses"] * 1e6 for s in samples])  # us per miss
-    per_byte_us, latency_us = nonnegative_lstsq(a, b)
-    return {"ssd_gb_per_s": float(1e-3 / per_byte_us) if per_byte_us > 0 else 100.0, "ssd_latency_us": float(latency_us),
-            "cache_id_ns": per_id_s * 1e9}
+
+    def per_miss_ms(dim, ms_per_byte, latency_us):
+        return cache_miss_ms(1.0, dim, optimizer, _gb_per_s(ms_per_byte), latency_us)
+
+    a = np.array([[per_miss_ms(s["dim"], *unit) - per_miss_ms(s["dim"], 0.0, 0.0) for unit in np.eye(2)] for s in samples])
+    b = np.array([(s["seconds"] - s["ids"] * per_id_s) / s["misses"] * 1e3 for s in samples])  # ms per miss
+    ms_per_byte, latency_us = nonnegative_lstsq(a, b)
+    return {"ssd_gb_per_s": _gb_per_s(ms_per_byte), "ssd_latency_us": float(latency_us), "cache_id_ns": per_id_s * 1e9}
 
 
 def _yaml_value(value) -> str:
@@ -359,6 +359,38 @@ def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     return kernels, times
 
 
+def write_profile(out: Path, profile: dict, header: str) -> None:
+    lines = [f"{k}: {_yaml_value(v)}" for k, v in profile.items()]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(header + "\n".join(lines) + "\n")
+    tmp.replace(out)
+
+
+def refit_from_runs(run_dirs: list[Path], start: str, out: Path, header: str | None = None) -> tuple[dict, Fit]:
+    """`start`'s profile (a name or .yaml path) with every constant refitted to the runs in
+    `run_dirs`, written to `out`; the profile records what it was fitted on and its residuals."""
+    from planner.config import hardware_path, read_yaml
+
+    runs = [load_run(d, start) for d in run_dirs]
+    kernels = {(r.run.train.cpu_embeddings, r.run.train.interaction) for r in runs}
+    if len(kernels) > 1:
+        raise ConfigError(f"calibrate --from-runs: the runs trained with different CPU kernels ({', '.join(sorted(map(str, kernels)))}); "
+                          "fit each kernel's runs into a profile of its own")
+    fit = fit_runs(runs, runs[0].run.problem.cluster)
+    profile = {**read_yaml(hardware_path(start), "hardware profile"), "name": out.stem}
+    for name, value in fitted_fields(runs[0].run.problem.cluster, fit.values).items():
+        profile[name] = value
+    (embeddings, interaction), = kernels
+    profile["cpu_kernels"] = {"embeddings": embeddings, "interaction": interaction}  # the kernels the constants describe
+    profile["fitted_on"] = {"runs": len(runs), "tables": f"{min(len(r.run.problem.tables) for r in runs)}-"
+                            f"{max(len(r.run.problem.tables) for r in runs)}", "ranks": ",".join(sorted({str(r.plan.world_size) for r in runs}))}
+    profile["fit_residuals"] = {k: round(v, 4) for k, v in fit.residuals.items()}
+    header = header or (f"# Refitted by `dlrm-scale calibrate --from-runs` from {start} on {len(runs)} runs, "
+                        f"{datetime.date.today().isoformat()}.\n")
+    write_profile(out, profile, header)
+    return profile, fit
+
+
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:
     if not out.parent.exists():
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
@@ -371,42 +403,34 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         progress.update(1)
         update_ns = replica_update_ns(cfg)
         progress.update(1)
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        fitted = {
-            "ddr_bytes_per_node": int(memory * 0.8), "ssd_bytes_per_node": 0, "hbm_gb_per_s": 1.0, "ssd_gb_per_s": 0.5,
-            **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops, "dense_update_ns": update_ns,
-        }
-        overhead = fit_overhead(cfg, fitted)
-        progress.update(1)
         store = store_miss_samples(out.parent)
         progress.update(1)
-    kernels, kernel_times = choose_cpu_kernels()
-    disk = shutil.disk_usage(out.parent).free
-    profile = {
-        "name": name or out.stem,
-        "device": "cpu",
-        "ranks_per_node": cfg.nproc,
-        "ddr_gib_per_node": round(memory / GIB * 0.8, 1),  # leave a fifth to the OS and the dense model
-        "ssd_gib_per_node": round(disk / GIB * 0.8, 1),
-        "hbm_gb_per_s": 1.0,
-        **fit_store(store, cfg.optimizer),
-        **{k: v for k, v in fitted.items() if k not in ("ddr_bytes_per_node", "ssd_bytes_per_node", "hbm_gb_per_s", "ssd_gb_per_s")},
-        **overhead,
-        "cpu_kernels": kernels,
-    }
-    header = (
-        f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
-        f"{datetime.date.today().isoformat()}, {cfg.nproc} ranks over gloo.\n"
-        "# Fitted to planner/cost_model.py's formulas; the raw samples are in the .samples.json beside it.\n"
-    )
-    lines = [f"{k}: {_yaml_value(v)}" for k, v in profile.items()]
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(header + "\n".join(lines) + "\n")
-    tmp.replace(out)
-    import json
-
+        kernels, kernel_times = choose_cpu_kernels()
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        disk = shutil.disk_usage(out.parent).free
+        profile = {
+            "name": name or out.stem,
+            "device": "cpu",
+            "ranks_per_node": cfg.nproc,
+            "ddr_gib_per_node": round(memory / GIB * 0.8, 1),  # leave a fifth to the OS and the dense model
+            "ssd_gib_per_node": round(disk / GIB * 0.8, 1),
+            "hbm_gb_per_s": 1.0,
+            **fit_store(store, cfg.optimizer),
+            **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops, "dense_update_ns": update_ns,
+            "cpu_kernels": kernels,
+        }
+        write_profile(out, profile, "# Micro-benchmarks only: `dlrm-scale calibrate` was interrupted before its training runs.\n")
+        header = (
+            f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
+            f"{datetime.date.today().isoformat()}, {cfg.nproc} ranks over gloo: micro-benchmarks, then every constant\n"
+            "# refitted to the phases of small mixes trained for real (planner/cost_model.py's formulas); samples in the .samples.json.\n"
+        )
+        with tempfile.TemporaryDirectory(dir=out.parent) as runs_dir:
+            folders = calibration_runs(cfg, out, Path(runs_dir))
+            progress.update(1)
+            profile, fit = refit_from_runs(folders, str(out), out, header)
     out.with_suffix(".samples.json").write_text(
-        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns, "overhead": overhead,
-                    "store_misses": store, "cpu_kernel_ms": kernel_times}, indent=1)
+        json.dumps({"embedding": emb, "comms": comms, "dense_gflops": gflops, "dense_update_ns": update_ns,
+                    "store_misses": store, "cpu_kernel_ms": kernel_times, "runs_fit": fit.values}, indent=1)
     )
     return profile

@@ -1,8 +1,12 @@
-"""`dlrm-scale simulate`: what a plan costs per rank and per step, before running it.
+"""`dlrm-scale simulate`: what a plan costs per rank, phase and step, before running it.
 
 The embedding part is exactly what the planner optimised (planner.scoring with the same cost
 model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
-(planner.cost_model.dense_compute_ms, all_reduce_ms). A step waits for the busiest rank.
+(planner.cost_model.dense_compute_ms, dense_update_ms, all_reduce_ms), and the host's framework
+work. Each rank's
+time is split into the phases the trainer times (dlrm_scale.training.phases), grouped as
+PHASE_GROUPS says, so a prediction and a run's metrics.jsonl compare phase by phase. A step
+waits for the busiest rank.
 """
 
 from __future__ import annotations
@@ -10,26 +14,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from dlrm_scale.run_config import ModelConfig
-from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_compute_ms, framework_overhead_ms
+from dlrm_scale.run_config import ModelConfig, TrainConfig
+from planner.cost_model import (
+    AnalyticCostModel,
+    CostModel,
+    all_reduce_ms,
+    dense_compute_ms,
+    dense_overhead_ms,
+    dense_update_ms,
+    host_overhead_ms,
+)
 from planner.plan import Plan
-from planner.scoring import rank_breakdown
+from planner.scoring import costed_options
 from planner.specs import GIB, PlanningProblem, TableSpec
-from planner.types import TIERS, Perf, Storage
+from planner.types import TIERS, Storage
+
+# What the cost model predicts, by the trainer's phases it is measured in. A data-parallel
+# table trains as TorchRec trains it, as a dense parameter: its update runs with the dense
+# optimizer and its gradient joins DDP's all-reduce, so those parts of its cost count there.
+PHASE_GROUPS = {
+    "input_dist": ("input_dist",),
+    "embedding": ("emb_fwd", "emb_bwd_opt", "tiering"),
+    "a2a_fwd": ("a2a_fwd",),
+    "a2a_bwd": ("a2a_bwd",),
+    "dense": ("dense_fwd", "dense_bwd", "optimizer"),
+    "all_reduce": ("dense_allreduce",),
+    "other": ("data", "rest"),
+}
+COLLECTIVE_GROUPS = ("input_dist", "a2a_fwd", "a2a_bwd", "all_reduce")  # each one batched collective a step
 
 
 @dataclass(frozen=True)
 class RankSimulation:
     rank: int
-    embedding: Perf
-    dense_compute_ms: float
-    dense_all_reduce_ms: float
-    overhead_ms: float
+    phases_ms: dict[str, float]  # by PHASE_GROUPS key
     memory: Storage
 
     @property
     def step_ms(self) -> float:
-        return self.embedding.total_ms + self.dense_compute_ms + self.dense_all_reduce_ms + self.overhead_ms
+        return sum(self.phases_ms.values())
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,8 @@ class Simulation:
 
     @property
     def step_ms(self) -> float:
-        return max(r.step_ms for r in self.ranks)
+        """Each collective is a barrier, so every phase group waits for its slowest rank."""
+        return sum(max(r.phases_ms[g] for r in self.ranks) for g in PHASE_GROUPS)
 
     @property
     def samples_per_s(self) -> float:
@@ -49,43 +73,59 @@ class Simulation:
         return {
             "step_ms": self.step_ms,
             "samples_per_s": self.samples_per_s,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "step_ms": r.step_ms,
-                    "embedding_ms": {"fwd_compute": r.embedding.fwd_compute_ms, "bwd_compute": r.embedding.bwd_compute_ms,
-                                     "fwd_comms": r.embedding.fwd_comms_ms, "bwd_comms": r.embedding.bwd_comms_ms},
-                    "dense_compute_ms": r.dense_compute_ms,
-                    "dense_all_reduce_ms": r.dense_all_reduce_ms,
-                    "overhead_ms": r.overhead_ms,
-                    "memory_bytes": r.memory.as_dict(),
-                }
-                for r in self.ranks
-            ],
+            "ranks": [{"rank": r.rank, "step_ms": r.step_ms, "phases_ms": r.phases_ms, "memory_bytes": r.memory.as_dict()}
+                      for r in self.ranks],
         }
 
     def format(self) -> str:
-        lines = [f"{'rank':>5} {'step ms':>9} {'emb fwd':>8} {'emb bwd':>8} {'a2a fwd':>8} {'a2a bwd':>8} {'dense':>8} {'allred':>8} {'other':>8} "
+        lines = [f"{'rank':>5} {'step ms':>9} " + " ".join(f"{g:>10}" for g in PHASE_GROUPS) + " "
                  + " ".join(f"{t + ' GiB':>9}" for t in TIERS)]
         for r in self.ranks:
-            e = r.embedding
-            lines.append(
-                f"{r.rank:>5} {r.step_ms:>9.3f} {e.fwd_compute_ms:>8.3f} {e.bwd_compute_ms:>8.3f} {e.fwd_comms_ms:>8.3f} "
-                f"{e.bwd_comms_ms:>8.3f} {r.dense_compute_ms:>8.3f} {r.dense_all_reduce_ms:>8.3f} {r.overhead_ms:>8.3f} "
-                + " ".join(f"{r.memory.of_tier(t) / GIB:>9.3f}" for t in TIERS)
-            )
+            lines.append(f"{r.rank:>5} {r.step_ms:>9.3f} " + " ".join(f"{r.phases_ms[g]:>10.3f}" for g in PHASE_GROUPS) + " "
+                         + " ".join(f"{r.memory.of_tier(t) / GIB:>9.3f}" for t in TIERS))
         lines.append(f"predicted step {self.step_ms:.3f} ms, {self.samples_per_s:,.0f} samples/s (global batch {self.global_batch})")
         return "\n".join(lines)
 
 
-def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig) -> Simulation:
+def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_optimizer: str = TrainConfig.dense_optimizer,
+             cost_model: CostModel | None = None) -> Simulation:
     cluster, training = problem.cluster, problem.training
-    perf, storage = rank_breakdown(plan, problem, AnalyticCostModel(cluster, training))
+    cost_model = cost_model or AnalyticCostModel(cluster, training)
+    world = plan.world_size
+    phases = [dict.fromkeys(PHASE_GROUPS, 0.0) for _ in range(world)]
+    storage = [Storage() for _ in range(world)]
+    for name, option in costed_options(plan, problem, cost_model):
+        replica = plan.tables[name].sharding_type == "data_parallel"
+        for rank, shard, g in zip(plan.tables[name].ranks, option.shards, option.geometries):
+            p, perf = phases[rank], shard.perf
+            p["input_dist"] += perf.input_dist_ms
+            p["a2a_fwd"] += perf.fwd_comms_ms
+            p["embedding"] += perf.compute_ms
+            if replica:
+                update = dense_update_ms(g.rows, g.cols, training.embedding_optimizer,
+                                         cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+                p["embedding"] -= update
+                p["dense"] += update
+                p["all_reduce"] += perf.bwd_comms_ms
+            else:
+                p["a2a_bwd"] += perf.bwd_comms_ms
+            storage[rank] = storage[rank] + shard.storage
     flops_per_sample, params = dense_cost(problem.tables, model)
-    compute = dense_compute_ms(flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
+    compute = (dense_compute_ms(flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
+               + dense_update_ms(params, 1, dense_optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+               + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
-    other = framework_overhead_ms(len(problem.tables), cluster)
-    ranks = tuple(RankSimulation(r, perf[r], compute, reduce, other, storage[r]) for r in range(plan.world_size))
+    host = host_overhead_ms(len(problem.tables), cluster)
+    # the embeddings' three all-to-alls run when any table is sharded, DDP's all-reduce always
+    sharded = any(t.sharding_type != "data_parallel" for t in plan.tables.values())
+    collectives = COLLECTIVE_GROUPS if sharded else ("all_reduce",)
+    for p in phases:
+        p["dense"] += compute
+        p["all_reduce"] += reduce
+        p["other"] += host
+        for group in collectives:
+            p[group] += cluster.collective_latency_ms
+    ranks = tuple(RankSimulation(r, phases[r], storage[r]) for r in range(world))
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
 
 

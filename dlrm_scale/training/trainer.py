@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrm_scale.run_config import RunConfig
+from dlrm_scale.run_config import RunConfig, run_document
 from dlrm_scale.training import checkpoint as ckpt
 from dlrm_scale.training.build import build_parts
 from dlrm_scale.training.comm_meter import CommMeter
@@ -39,6 +39,7 @@ class Trainer:
         self.lr_schedule = LRSchedule(self.optimizer, train)
         self.meter = CommMeter()
         self.metrics = MetricsLog(out_dir, rank)
+        self.run_record = run_document(run)
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
                                        run.problem.training.embedding_optimizer, train.seed, rank)
@@ -52,6 +53,7 @@ class Trainer:
                 locks.append(ckpt.JobLock(Path(self.config.store_dir), "store directory"))
         try:
             start = self.checkpoints.restore(self.config.steps) if self.resume else 0
+            self.metrics.log({"step": start, "run": self.run_record})  # what the windows after it measured
             with self.meter.attached():
                 self._run(start)
         finally:

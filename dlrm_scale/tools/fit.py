@@ -1,0 +1,207 @@
+"""Fitting a hardware profile's cost constants to what training runs measured, phase by phase.
+
+Every formula of planner/cost_model.py is linear in each constant it uses (a fixed cost, a
+cost per id, row or weight, or bytes over a bandwidth, linear in 1 / bandwidth). So a run's
+predicted time of each phase on each rank is `offset + sum_k theta_k * coefficient_k`, where
+the coefficients come from simulating the run with one constant set to 1 and the others to 0
+(bandwidths to the largest a profile takes): the fit uses the cost model's own formulas, never a copy of them.
+
+The constants are then fitted by non-negative least squares on relative error, over:
+- per rank, the phases that are the rank's own work (embedding, dense, other);
+- per run, each collective phase on the rank that waited least for it: a collective's time on
+  a rank also holds its wait for the slowest rank, and the last to arrive waits for nobody;
+- per run, the step time (each phase group on its slowest rank, as simulate's step);
+- weak prior rows pulling each constant towards the starting profile's (its micro-benchmarks),
+  so a constant the runs barely exercise keeps its measured value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from dlrm_scale.tools.runs import MeasuredRun
+from dlrm_scale.tools.simulate import COLLECTIVE_GROUPS, PHASE_GROUPS, simulate
+from planner.specs import ClusterSpec
+
+# The constants fitted, by profile key. A bandwidth is fitted as its reciprocal; "link_gb_per_s"
+# stands for the intra- and inter-node links at once (one node measures only one of them).
+FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s", "collective_latency_ms",
+          "comm_shard_ms", "comm_byte_ns", "link_gb_per_s", "input_id_ns", "dense_grad_ns", "dense_update_ns", "dense_gflops",
+          "dense_overhead_ms", "step_overhead_ms", "table_overhead_ms")
+RECIPROCAL = {"ddr_gb_per_s", "link_gb_per_s", "dense_gflops"}
+LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")
+OWN_WORK = tuple(g for g in PHASE_GROUPS if g not in COLLECTIVE_GROUPS)
+NO_TIME_GB_PER_S = float(2**40)  # the largest bandwidth a profile takes: its bytes then cost nothing
+PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of one run
+FLOOR_OF_STEP = 0.02  # a phase under 2% of its step is weighed as if it were 2%: its timer's noise is larger
+
+
+def profile_values(cluster: ClusterSpec) -> dict[str, float]:
+    """The fitted constants of `cluster` as the fit sees them (bandwidths as reciprocals)."""
+    values = {}
+    for name in FITTED:
+        value = getattr(cluster, LINKS[0] if name == "link_gb_per_s" else name)
+        values[name] = (1.0 / value if value < NO_TIME_GB_PER_S else 0.0) if name in RECIPROCAL else float(value)
+    return values
+
+
+def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
+    """`cluster` with its fitted constants replaced (reciprocals turned back into bandwidths)."""
+    fields = {}
+    for name, value in values.items():
+        if name in RECIPROCAL:
+            value = min(1.0 / value, NO_TIME_GB_PER_S) if value > 0 else NO_TIME_GB_PER_S
+        for field in (LINKS if name == "link_gb_per_s" else (name,)):
+            fields[field] = value
+    return replace(cluster, **fields)
+
+
+def fitted_fields(cluster: ClusterSpec, values: dict[str, float]) -> dict[str, float]:
+    """The profile keys `values` set, as a profile writes them (bandwidths in GB/s)."""
+    fitted = with_values(cluster, values)
+    names = [f for name in FITTED for f in (LINKS if name == "link_gb_per_s" else (name,))]
+    return {name: float(getattr(fitted, name)) for name in names}
+
+
+@dataclass(frozen=True)
+class RunDesign:
+    """One run's predicted phases as `offset + coefficients @ theta`, per rank and group."""
+
+    run: MeasuredRun
+    offset: np.ndarray  # (ranks, groups)
+    coefficients: np.ndarray  # (ranks, groups, constants)
+
+    def predict(self, theta: np.ndarray) -> np.ndarray:
+        return self.offset + self.coefficients @ theta
+
+
+def design(run: MeasuredRun) -> RunDesign:
+    problem, model = run.run.problem, run.run.model
+    zero = dict.fromkeys(FITTED, 0.0)
+
+    def phases(values: dict[str, float]) -> np.ndarray:
+        p = replace(problem, cluster=with_values(problem.cluster, values))
+        sim = simulate(run.plan, p, model, run.run.train.dense_optimizer)
+        return np.array([[r.phases_ms[g] for g in PHASE_GROUPS] for r in sim.ranks])
+
+    offset = phases(zero)
+    columns = [phases({**zero, name: 1.0}) - offset for name in FITTED]
+    return RunDesign(run, offset, np.stack(columns, axis=-1))
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0: drop the most negative unknown and refit until none is."""
+    active = list(range(a.shape[1]))
+    while True:
+        x_active, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if np.all(x_active >= 0) or not active:
+            x = np.zeros(a.shape[1])
+            x[active] = x_active
+            return x
+        active.pop(int(np.argmin(x_active)))
+
+
+def _rows(d: RunDesign) -> list[tuple[np.ndarray, float, float]]:
+    """(coefficients, target minus offset, target) of each fitted row of one run."""
+    measured = np.array([[r[g] for g in PHASE_GROUPS] for r in d.run.phases_ms])
+    index = {g: i for i, g in enumerate(PHASE_GROUPS)}
+    rows = []
+    for r in range(measured.shape[0]):
+        for g in OWN_WORK:
+            rows.append((d.coefficients[r, index[g]], measured[r, index[g]] - d.offset[r, index[g]], measured[r, index[g]]))
+    for g in COLLECTIVE_GROUPS:
+        r = int(measured[:, index[g]].argmin())
+        rows.append((d.coefficients[r, index[g]], measured[r, index[g]] - d.offset[r, index[g]], measured[r, index[g]]))
+    # the step: each group on its slowest rank (simulate's step), linearised where the run had it
+    slowest = [int(measured[:, i].argmin() if g in COLLECTIVE_GROUPS else measured[:, i].argmax()) for i, g in enumerate(PHASE_GROUPS)]
+    step = d.run.step_ms
+    rows.append((sum(d.coefficients[r, i] for i, r in enumerate(slowest)), step - sum(d.offset[r, i] for i, r in enumerate(slowest)), step))
+    return rows
+
+
+@dataclass(frozen=True)
+class Fit:
+    values: dict[str, float]  # by FITTED name (bandwidths as reciprocals)
+    runs: int
+    residuals: dict[str, float]  # median |relative error| over the fitted runs: step, and each phase group
+
+
+def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
+    """The constants that best predict `runs`' phases, from `start`'s (its values are the priors)."""
+    designs = [design(r) for r in runs]
+    a, b = [], []
+    for d in designs:
+        floor = FLOOR_OF_STEP * d.run.step_ms
+        for coefficients, excess, target in _rows(d):
+            weight = 1.0 / max(target, floor)
+            a.append(coefficients * weight)
+            b.append(excess * weight)
+    prior = profile_values(start)
+    for k, name in enumerate(FITTED):
+        if prior[name] > 0:
+            row = np.zeros(len(FITTED))
+            row[k] = PRIOR_WEIGHT / prior[name]
+            a.append(row)
+            b.append(PRIOR_WEIGHT)
+    theta = nonnegative_lstsq(np.array(a), np.array(b))
+    values = dict(zip(FITTED, (float(x) for x in theta)))
+    return Fit(values, len(runs), residuals(runs, values))
+
+
+def residuals(runs: Sequence[MeasuredRun], values: dict[str, float]) -> dict[str, float]:
+    """Median |relative error| of predicted against measured: the step, and each phase group
+    where the runs spend at least 2% of their step on it (own work per rank, collectives on
+    the rank that waited least)."""
+    errors: dict[str, list[float]] = {"step": [], **{g: [] for g in PHASE_GROUPS}}
+    for run in runs:
+        compared = compare(run, values)
+        errors["step"].append(abs(compared.predicted_step_ms / run.step_ms - 1))
+        for g, (predicted, measured) in compared.fair_phases.items():
+            if measured >= FLOOR_OF_STEP * run.step_ms:
+                errors[g].append(abs(predicted / measured - 1))
+    return {k: float(np.median(v)) for k, v in errors.items() if v}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    predicted: tuple[dict[str, float], ...]  # per rank, by group
+    predicted_step_ms: float
+    # per group, (predicted, measured) where the two compare: own work on the busiest rank,
+    # a collective on the rank that waited least for it
+    fair_phases: dict[str, tuple[float, float]]
+
+
+    def format(self, run: MeasuredRun, misses: int = 3) -> str:
+        """Predicted beside measured per rank and phase group, and the largest misses named."""
+        ranks = range(len(self.predicted))
+        lines = [f"{'phase ms':<11}" + "".join(f"{f'rank {r} pred':>13}{'measured':>10}" for r in ranks)]
+        for g in PHASE_GROUPS:
+            lines.append(f"{g:<11}" + "".join(f"{self.predicted[r][g]:>13.3f}{run.phases_ms[r][g]:>10.3f}" for r in ranks))
+        lines.append(f"{'sum':<11}" + "".join(f"{sum(self.predicted[r].values()):>13.3f}{sum(run.phases_ms[r].values()):>10.3f}"
+                                              for r in ranks))
+        error = self.predicted_step_ms / run.step_ms - 1
+        lines.append(f"step: predicted {self.predicted_step_ms:.3f} ms, measured {run.step_ms:.3f} ms "
+                     f"(median of {run.windows} windows), {100 * error:+.1f}%")
+        worst = sorted(self.fair_phases.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:misses]
+        lines.append("largest misses (collectives on the rank that waited least, as the others' include waiting): "
+                     + "; ".join(f"{g} {p:.3f} predicted vs {m:.3f} measured ({p - m:+.3f} ms)" for g, (p, m) in worst))
+        return "\n".join(lines)
+
+
+def compare(run: MeasuredRun, values: dict[str, float] | None = None) -> Comparison:
+    """The run against its prediction, under its own profile or with `values` fitted into it."""
+    problem = run.run.problem
+    if values is not None:
+        problem = replace(problem, cluster=with_values(problem.cluster, values))
+    sim = simulate(run.plan, problem, run.run.model, run.run.train.dense_optimizer)
+    predicted = tuple(r.phases_ms for r in sim.ranks)
+    measured = run.phases_ms
+    busiest = max(range(len(measured)), key=lambda r: sum(measured[r][g] for g in OWN_WORK))
+    fair = {}
+    for g in PHASE_GROUPS:
+        r = min(range(len(measured)), key=lambda r: measured[r][g]) if g in COLLECTIVE_GROUPS else busiest
+        fair[g] = (predicted[r][g], measured[r][g])
+    return Comparison(predicted, sim.step_ms, fair)

@@ -1,0 +1,83 @@
+"""A finished training run read back for its measurements: what it trained (the run record at
+the head of metrics.jsonl), its plan.json, and each rank's time per phase group.
+
+Only JSON is read, each field checked; any problem is one line naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlrm_scale.run_config import RunConfig, run_from_document
+from dlrm_scale.tools.simulate import PHASE_GROUPS
+from dlrm_scale.training.phases import PHASES
+from planner.errors import ConfigError, PlannerError
+from planner.plan import Plan, check_plan_tables
+
+WARM_UP_WINDOWS = 1  # the first window pays for first-touch pages and the allocator's growth
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    directory: Path
+    run: RunConfig
+    plan: Plan
+    phases_ms: tuple[dict[str, float], ...]  # per rank, ms per step by PHASE_GROUPS key (median over windows)
+    step_ms: float  # median over windows: the slowest rank's sum of phases
+    windows: int
+
+    @property
+    def label(self) -> str:
+        return self.directory.name
+
+
+def load_run(directory: str | Path, hardware: str | None = None) -> MeasuredRun:
+    """The run in `directory`, priced with `hardware` (default: the profile it was trained with)."""
+    directory = Path(directory)
+    fix = "give the --out-dir of a finished 'dlrm-scale train' run"
+    metrics = directory / "metrics.jsonl"
+    if not metrics.is_file() or not (directory / "plan.json").is_file():
+        raise ConfigError(f"run {directory}: no metrics.jsonl and plan.json in it; {fix}")
+    record, windows = None, []
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{metrics}:{number} is not JSON; the file is damaged, re-run the training") from None
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{metrics}:{number} is not a record; the file is damaged, re-run the training")
+        if "run" in entry:  # a resumed run starts a new record: measure what follows the last
+            record, windows = entry["run"], []
+        elif "phase_ms" in entry:
+            windows.append((number, entry))
+    if record is None:
+        raise ConfigError(f"{metrics} has no run record (written since dlrm-scale records runs); re-run the training")
+    run = run_from_document(record, f"{metrics}: run record", hardware)
+    try:
+        plan = Plan.load(directory / "plan.json")
+        check_plan_tables(plan, run.problem)
+    except PlannerError as e:
+        raise ConfigError(f"run {directory}: {e}") from None
+    world = plan.world_size
+    if len(windows) <= WARM_UP_WINDOWS:
+        raise ConfigError(f"{metrics}: {len(windows)} logging windows; measuring needs more than {WARM_UP_WINDOWS} "
+                          f"(train more steps or log more often)")
+    per_window = [_window_groups(metrics, number, entry, world) for number, entry in windows[WARM_UP_WINDOWS:]]
+    phases = tuple({g: statistics.median(w[r][g] for w in per_window) for g in PHASE_GROUPS} for r in range(world))
+    step = statistics.median(max(sum(rank.values()) for rank in w) for w in per_window)
+    return MeasuredRun(directory, run, plan, phases, step, len(per_window))
+
+
+def _window_groups(metrics: Path, number: int, entry: dict, world: int) -> list[dict[str, float]]:
+    phase_ms = entry["phase_ms"]
+    where = f"{metrics}:{number}: phase_ms"
+    if not isinstance(phase_ms, dict) or set(phase_ms) != set(PHASES):
+        raise ConfigError(f"{where} does not name the phases {', '.join(PHASES)}; re-run the training with this version")
+    for name, values in phase_ms.items():
+        if (not isinstance(values, list) or len(values) != world
+                or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 for v in values)):
+            raise ConfigError(f"{where}.{name} must list {world} non-negative times, one per rank; the file is damaged")
+    return [{g: sum(phase_ms[p][r] for p in members) for g, members in PHASE_GROUPS.items()} for r in range(world)]

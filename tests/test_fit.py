@@ -1,0 +1,145 @@
+"""Fitting the cost model to measured runs (dlrm_scale.tools.fit, runs) and the commands on it:
+`calibrate --from-runs` and `simulate --measured`, on runs trained for real over gloo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dlrm_scale.run_config import ModelConfig, RunConfig, load_run_config, run_document, run_from_document
+from dlrm_scale.tools.fit import compare, fit_runs, profile_values
+from dlrm_scale.tools.runs import MeasuredRun, load_run
+from dlrm_scale.tools.simulate import PHASE_GROUPS, simulate
+from planner.errors import ConfigError
+from planner.plan import uniform_plan
+from planner.planning import make_plan
+from planner.specs import TableSpec
+from planner.types import ShardingType
+from tests.conftest import make_cluster, make_problem
+
+MODEL = ModelConfig(num_dense_features=13, dense_arch=(32,), over_arch=(16, 1))
+TRUE = dict(kernel_launch_ms=0.05, lookup_fwd_ns=2.0, lookup_bwd_ns=8.0, lookup_bwd_row_ns=60.0, ddr_gb_per_s=10.0,
+            collective_latency_ms=0.8, comm_shard_ms=0.05, comm_byte_ns=0.5, intra_node_gb_per_s=1.5, inter_node_gb_per_s=1.5, input_id_ns=20.0,
+            dense_grad_ns=1.0, dense_update_ns=2.0, dense_gflops=40.0, dense_overhead_ms=1.2, step_overhead_ms=0.4,
+            table_overhead_ms=0.01)
+
+
+def synthetic_run(label: str, tables, scheme: str | None, true_cluster) -> MeasuredRun:
+    """A run whose measured phases are exactly what `true_cluster` predicts."""
+    problem = make_problem(tables, true_cluster, batch=512)
+    plan = make_plan(problem) if scheme is None else uniform_plan(problem, ShardingType(scheme))
+    sim = simulate(plan, problem, MODEL)
+    return MeasuredRun(Path(label), RunConfig(problem, MODEL), plan, tuple(r.phases_ms for r in sim.ranks), sim.step_ms, 5)
+
+
+def mixes():
+    return {
+        "few": [TableSpec(f"f{i}", 2000, 16, 1.0, 1.05) for i in range(2)],
+        "many": [TableSpec(f"m{i}", 1000, 16, 2.0, 1.0) for i in range(16)],
+        "heavy": [TableSpec(f"h{i}", 200_000, 64, 20.0, 1.1) for i in range(4)],
+        "small": [TableSpec(f"s{i}", 20_000, 32, 3.0, 0.9) for i in range(4)],
+    }
+
+
+def test_the_fit_recovers_what_the_runs_measured_from_a_wrong_start():
+    """Runs priced by known constants; the fit starts from a profile 3x off in every constant and
+    must predict the runs (and one it never saw) within 2%, where the start is off by more than half."""
+    true_cluster = make_cluster(ranks_per_node=2, device="cpu", **TRUE)
+    runs = [synthetic_run(f"{name}_{scheme}", tables, scheme, true_cluster)
+            for name, tables in mixes().items() for scheme in (None, "table_wise", "row_wise", "column_wise", "data_parallel")
+            if not (scheme == "column_wise" and tables[0].embedding_dim < 32)]
+    wrong = {k: v * 3 if not k.endswith("gb_per_s") and k != "dense_gflops" else v / 3 for k, v in TRUE.items()}
+    start = make_cluster(ranks_per_node=2, device="cpu", **wrong)
+    started = [replace(r, run=replace(r.run, problem=replace(r.run.problem, cluster=start))) for r in runs]
+    assert min(abs(compare(r).predicted_step_ms / r.step_ms - 1) for r in started) > 0.5
+    fit = fit_runs(started[1:], start)
+    assert fit.residuals["step"] < 0.02
+    unseen = started[0]
+    assert compare(unseen, fit.values).predicted_step_ms == pytest.approx(unseen.step_ms, rel=0.02)
+    truth = profile_values(true_cluster)
+    for name in ("lookup_bwd_row_ns", "dense_grad_ns", "collective_latency_ms", "comm_byte_ns", "link_gb_per_s"):
+        assert fit.values[name] == pytest.approx(truth[name], rel=0.15), name
+
+
+def test_a_run_document_reads_back_as_the_run_it_records(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hardware: cpu_gloo\ncluster: {world_size: 2}\ntraining: {batch_size_per_rank: 64}\n"
+                   "model: {dense_arch: [16], over_arch: [8, 1]}\n"
+                   "tables:\n  - {name: a, num_embeddings: 500, embedding_dim: 16, pooling_factor: 2.0, zipf_exponent: 1.1}\n"
+                   "  - {name: b, num_embeddings: 70, embedding_dim: 16}\n")
+    run = load_run_config(cfg)
+    back = run_from_document(json.loads(json.dumps(run_document(run))), "record")
+    assert back.problem.tables == run.problem.tables and back.problem.training == run.problem.training
+    assert back.problem.cluster == run.problem.cluster and back.model == run.model
+    assert (back.train.cpu_embeddings, back.train.interaction) == (run.train.cpu_embeddings, run.train.interaction)
+    with pytest.raises(ConfigError, match="not a dlrm-scale/run/v1 record"):
+        run_from_document({**run_document(run), "schema": "other"}, "record")
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "dlrm_scale.cli", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """Two small mixes trained for real on 2 gloo ranks, under two plans."""
+    from dlrm_scale.tools.calibrate import _train_mix, mix_document
+    from dlrm_scale.tools.launch import run_on_ranks
+
+    root = tmp_path_factory.mktemp("runs")
+    folders = []
+    for k, (mix, plan) in enumerate((((4, 2000, 16, 4.0, 1.05), "table_wise"), ((2, 30_000, 32, 8.0, 1.1), "data_parallel"))):
+        doc = mix_document(mix, 2, "cpu_gloo")
+        doc["train"] = {**doc["train"], "steps": 40}
+        folder = root / f"run{k}_{plan}"
+        folder.mkdir()
+        run_on_ranks(_train_mix, 2, str(folder), doc, plan, "cpu_gloo")
+        folders.append(folder)
+    return folders
+
+
+def test_calibrate_from_runs_refits_a_profile_that_predicts_them(real_runs, tmp_path):
+    out = tmp_path / "refit.yaml"
+    r = cli("calibrate", "--from-runs", *map(str, real_runs), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "refitted cpu_gloo to 2 runs" in r.stdout
+    text = out.read_text()
+    assert "fitted_on: {runs: 2" in text and "fit_residuals: {step:" in text
+    runs = [load_run(d, str(out)) for d in real_runs]
+    for run in runs:  # the refit predicts its own runs' steps closely, phases per group
+        assert compare(run).predicted_step_ms == pytest.approx(run.step_ms, rel=0.25)
+        assert set(run.phases_ms[0]) == set(PHASE_GROUPS)
+
+
+def test_simulate_measured_puts_prediction_beside_the_run(real_runs):
+    run = real_runs[1]
+    r = cli("simulate", str(run / "plan.json"), "--measured", str(run))
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 pred" in r.stdout and "largest misses" in r.stdout and "measured" in r.stdout
+    other = cli("simulate", str(real_runs[0] / "plan.json"), "--measured", str(run))
+    assert other.returncode == 2 and other.stderr.count("\n") == 1 and "trained another plan" in other.stderr
+
+
+def test_damaged_or_missing_runs_are_one_line(real_runs, tmp_path):
+    r = cli("calibrate", "--from-runs", str(tmp_path), "--out", str(tmp_path / "x.yaml"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no metrics.jsonl and plan.json" in r.stderr
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "plan.json").write_text((real_runs[0] / "plan.json").read_text())
+    lines = (real_runs[0] / "metrics.jsonl").read_text().splitlines()
+    assert "run" in json.loads(lines[0])
+    k = [i for i, line in enumerate(lines) if "phase_ms" in line][1]
+    window = json.loads(lines[k])
+    window["phase_ms"]["emb_fwd"] = [1.0]  # one rank's time missing
+    (damaged / "metrics.jsonl").write_text("\n".join([*lines[:k], json.dumps(window), *lines[k + 1:]]) + "\n")
+    with pytest.raises(ConfigError, match="emb_fwd must list 2 non-negative times"):
+        load_run(damaged)
+    (damaged / "metrics.jsonl").write_text("\n".join(lines[1:]) + "\n")  # no run record
+    with pytest.raises(ConfigError, match="has no run record"):
+        load_run(damaged)
+    assert not (tmp_path / "x.yaml").exists()
