@@ -461,7 +461,8 @@ class ClassModel:
         """The best plan found, or (with `peak_at_most_ms`) any plan with every rank at or under
         it; a proof that none exists is a bound (`optimal` with no assignment)."""
         world, local, unit_ms = self.cluster.world_size, self.cluster.ranks_per_node, self.unit_ms
-        cap = self.horizon if peak_at_most_ms is None else min(self.horizon, _ticks(peak_at_most_ms, unit_ms))
+        # a cap on a tick must not lose that tick to the float division's rounding
+        cap = self.horizon if peak_at_most_ms is None else min(self.horizon, _ticks(peak_at_most_ms * (1 + 1e-12), unit_ms))
         domain = self.model.Proto().variables[self.peak.Index()].domain
         domain[0], domain[1] = min(self.floor_ticks, cap), cap
         solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
