@@ -352,7 +352,8 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
         searched = keeping(base, free_tables, config, seconds) if free_tables else base.assignment
         for table, option in searched.choice.items():
             moves.set(table, option, searched.shard_ranks[table])
-        if moves.total_moved() > budget:  # the search moved more than the sizes promised: stay instead
+        # the search moved more than the sizes promised, or did worse than staying: stay instead
+        if moves.total_moved() > budget or moves.loads.ms.max() > base.loads.ms.max():
             for table, option in base.assignment.choice.items():
                 moves.set(table, option, base.assignment.shard_ranks[table])
         improve(moves, budget, free, max_steps=20 * len(problem.tables))
