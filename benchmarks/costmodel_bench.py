@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlrm_scale.tools.calibrate import refit_from_runs  # noqa: E402
-from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, compare, profile_values  # noqa: E402
+from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
 from planner.config import hardware_path  # noqa: E402
 from planner.plan import Plan, table_layout, uniform_plan  # noqa: E402
@@ -167,7 +167,7 @@ def phase_errors(rows: list[dict]) -> dict:
     for r in rows:
         pairs = {**{g: v for g, v in r["phases_predicted_vs_measured"].items()}, "all_to_all": r["all_to_all_predicted_vs_measured"]}
         for g, (p, m) in pairs.items():
-            if m >= 0.02 * r["measured_step_ms"]:  # a phase under 2% of its step: its timer's noise, not the model's
+            if m >= FLOOR_OF_STEP * r["measured_step_ms"]:  # a phase under 2% of its step: its timer's noise, not the model's
                 errors.setdefault(g, []).append(abs(p / m - 1))
     return {g: {"median_abs_rel_error": float(np.median(v)), "runs": len(v)} for g, v in errors.items()}
 

@@ -283,11 +283,16 @@ def run_document(run: RunConfig) -> dict[str, Any]:
         "hardware": problem.cluster.name,
         "cluster": {"world_size": problem.cluster.world_size, "ranks_per_node": problem.cluster.ranks_per_node},
         "training": asdict(problem.training),
-        "tiering": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(problem.tiering).items()},
-        "model": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(run.model).items()},
+        "tiering": _as_section(problem.tiering),
+        "model": _as_section(run.model),
         "train": {"cpu_embeddings": run.train.cpu_embeddings, "interaction": run.train.interaction},
         "tables": tables,
     }
+
+
+def _as_section(spec: Any) -> dict[str, Any]:
+    """A frozen dataclass as its config section would write it (tuples as lists, as JSON has)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
 
 
 def run_from_document(doc: Any, where: str, hardware: str | None = None) -> RunConfig:

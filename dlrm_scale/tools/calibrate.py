@@ -35,7 +35,7 @@ from tqdm import tqdm
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from planner.specs import GIB
-from dlrm_scale.tools.fit import NO_TIME_GB_PER_S, Fit, fit_runs, fitted_fields, nonnegative_lstsq
+from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields, gb_per_s, nonnegative_lstsq
 from dlrm_scale.tools.runs import load_run
 from planner.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
 from planner.errors import ConfigError
@@ -115,10 +115,10 @@ def fit_embedding(samples: list[dict], optimizer: str) -> dict[str, float]:
     each is linear in a launch cost, costs per id and per distinct row, and 1 / bandwidth."""
 
     def fwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
-        return lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], _gb_per_s(ms_per_byte), launch, fwd_ns)
+        return lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], gb_per_s(ms_per_byte), launch, fwd_ns)
 
     def bwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
-        return lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], optimizer, _gb_per_s(ms_per_byte), launch, bwd_ns, row_ns)
+        return lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], optimizer, gb_per_s(ms_per_byte), launch, bwd_ns, row_ns)
 
     rows, targets = [], []
     basis = np.eye(len(EMBEDDING_CONSTANTS))
@@ -130,13 +130,8 @@ def fit_embedding(samples: list[dict], optimizer: str) -> dict[str, float]:
     a, b = np.array(rows), np.array(targets)
     x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))  # relative error
     fitted = dict(zip(EMBEDDING_CONSTANTS, (float(v) for v in x)))
-    fitted["ddr_gb_per_s"] = _gb_per_s(fitted["ddr_gb_per_s"])
+    fitted["ddr_gb_per_s"] = gb_per_s(fitted["ddr_gb_per_s"])
     return fitted
-
-
-def _gb_per_s(ms_per_byte_unit: float) -> float:
-    """A bandwidth from its reciprocal (1 / (GB/s)); none measured: the largest a profile takes."""
-    return min(1.0 / ms_per_byte_unit, NO_TIME_GB_PER_S) if ms_per_byte_unit > 0 else NO_TIME_GB_PER_S
 
 
 def _comm_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repeats: int, queue) -> None:
@@ -183,8 +178,8 @@ def fit_comms(samples: list[dict], world: int) -> dict[str, float]:
         targets.append(s["all_reduce_ms"])
     a, b = np.array(rows), np.array(targets)
     x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))
-    gb_per_s = 1.0 / (max(x[1], 1e-12) * 1e6)
-    return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": gb_per_s, "inter_node_gb_per_s": gb_per_s}
+    link = 1.0 / (max(x[1], 1e-12) * 1e6)
+    return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": link, "inter_node_gb_per_s": link}
 
 
 def replica_update_ns(cfg: CalibrationConfig) -> float:
@@ -331,12 +326,12 @@ def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     per_id_s = float(np.mean([s["hit_seconds"] / s["ids"] for s in samples]))
 
     def per_miss_ms(dim, ms_per_byte, latency_us):
-        return cache_miss_ms(1.0, dim, optimizer, _gb_per_s(ms_per_byte), latency_us)
+        return cache_miss_ms(1.0, dim, optimizer, gb_per_s(ms_per_byte), latency_us)
 
     a = np.array([[per_miss_ms(s["dim"], *unit) - per_miss_ms(s["dim"], 0.0, 0.0) for unit in np.eye(2)] for s in samples])
     b = np.array([(s["seconds"] - s["ids"] * per_id_s) / s["misses"] * 1e3 for s in samples])  # ms per miss
     ms_per_byte, latency_us = nonnegative_lstsq(a, b)
-    return {"ssd_gb_per_s": _gb_per_s(ms_per_byte), "ssd_latency_us": float(latency_us), "cache_id_ns": per_id_s * 1e9}
+    return {"ssd_gb_per_s": gb_per_s(ms_per_byte), "ssd_latency_us": float(latency_us), "cache_id_ns": per_id_s * 1e9}
 
 
 def _yaml_value(value) -> str:

@@ -39,6 +39,12 @@ PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of 
 FLOOR_OF_STEP = 0.02  # a phase under 2% of its step is weighed as if it were 2%: its timer's noise is larger
 
 
+def gb_per_s(per_gb_per_s: float) -> float:
+    """A bandwidth from its reciprocal (1 / (GB/s)), as fits solve for it; none measured: the
+    largest a profile takes."""
+    return min(1.0 / per_gb_per_s, NO_TIME_GB_PER_S) if per_gb_per_s > 0 else NO_TIME_GB_PER_S
+
+
 def profile_values(cluster: ClusterSpec) -> dict[str, float]:
     """The fitted constants of `cluster` as the fit sees them (bandwidths as reciprocals)."""
     values = {}
@@ -53,7 +59,7 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
     fields = {}
     for name, value in values.items():
         if name in RECIPROCAL:
-            value = min(1.0 / value, NO_TIME_GB_PER_S) if value > 0 else NO_TIME_GB_PER_S
+            value = gb_per_s(value)
         for field in (LINKS if name == "link_gb_per_s" else (name,)):
             fields[field] = value
     return replace(cluster, **fields)
@@ -73,9 +79,6 @@ class RunDesign:
     run: MeasuredRun
     offset: np.ndarray  # (ranks, groups)
     coefficients: np.ndarray  # (ranks, groups, constants)
-
-    def predict(self, theta: np.ndarray) -> np.ndarray:
-        return self.offset + self.coefficients @ theta
 
 
 def design(run: MeasuredRun) -> RunDesign:

@@ -29,10 +29,6 @@ class MeasuredRun:
     step_ms: float  # median over windows: the slowest rank's sum of phases
     windows: int
 
-    @property
-    def label(self) -> str:
-        return self.directory.name
-
 
 def load_run(directory: str | Path, hardware: str | None = None) -> MeasuredRun:
     """The run in `directory`, priced with `hardware` (default: the profile it was trained with)."""
