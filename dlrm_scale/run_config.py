@@ -27,6 +27,7 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd")
 # fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
 CPU_EMBEDDINGS = ("dlrm_scale", "fbgemm")
 INTERACTIONS = ("dlrm_scale", "torchrec")  # DLRM's dot interaction: ours (kernels.interaction) or TorchRec's
+STORE_IO = ("page_cache", "direct")  # the SSD store's reads: through the page cache, or O_DIRECT from the device
 CPU_KERNEL_CHOICES = {"embeddings": CPU_EMBEDDINGS, "interaction": INTERACTIONS}
 # Where a hardware profile has no measured choice: the kernels TorchRec runs.
 UNMEASURED_CPU_KERNELS = {"embeddings": "fbgemm", "interaction": "torchrec"}
@@ -71,6 +72,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
+    store_io: str = "page_cache"  # one of STORE_IO: how the SSD store reads rows
     # batches made before the loop when the run's fit in this many MiB per rank (0: never), as a
     # reader of preprocessed data holds them; else made ahead by a worker thread, this many at a
     # time (0: inline, on the critical path)
@@ -94,6 +96,8 @@ class TrainConfig:
             raise ConfigError(f"train: cpu_embeddings {self.cpu_embeddings!r} is not one of {', '.join(CPU_EMBEDDINGS)}")
         if self.interaction is not None and self.interaction not in INTERACTIONS:
             raise ConfigError(f"train: interaction {self.interaction!r} is not one of {', '.join(INTERACTIONS)}")
+        if self.store_io not in STORE_IO:
+            raise ConfigError(f"train: store_io {self.store_io!r} is not one of {', '.join(STORE_IO)}")
         for name in ("prefetch_batches", "materialise_mib"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -156,6 +160,7 @@ class Overrides:
     seed: int | None = None
     eval_every: int | None = None
     store_dir: str | None = None
+    store_io: str | None = None
     cpu_embeddings: str | None = None
     interaction: str | None = None
     no_pipeline: bool = False
@@ -193,7 +198,7 @@ class Overrides:
         return out
 
     def train(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("steps", "seed", "eval_every", "store_dir", "cpu_embeddings", "interaction")
+        out = {k: getattr(self, k) for k in ("steps", "seed", "eval_every", "store_dir", "store_io", "cpu_embeddings", "interaction")
                if getattr(self, k) is not None}
         if self.no_pipeline:
             out["pipeline"] = False

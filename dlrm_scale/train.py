@@ -88,7 +88,7 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
     if device == "cpu":
         resident_plan(plan)  # a cached table that cannot be cached on CPU is one line, here
         store = run.train.store_dir
-        check_store_directory(plan, ranks, Path(store) if store else None, training.embedding_optimizer)
+        check_store_directory(plan, ranks, Path(store) if store else None, training.embedding_optimizer, run.train.store_io)
 
 
 def main(argv: list[str] | None = None) -> int:

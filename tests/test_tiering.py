@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlrm_scale.tiering.cache import SetAssociativeCache
-from dlrm_scale.tiering.store import MemoryRowStore
+from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
 from dlrm_scale.bridge.resident import resident_plan, resident_tables
 from dlrm_scale.tiering.runtime import TieredShard, check_store_directory
 from planner.plan import Plan, table_layout
@@ -33,19 +33,25 @@ def test_store_directory_check_passes_for_a_writable_directory_with_room(tmp_pat
     plan = Plan(2, 2, {"a": table_layout(t, ShardingType.TABLE_WISE, [1], "ssd", 0.1)}, (), 0.0, 0.0)
     check_store_directory(plan, [1], tmp_path, "rowwise_adagrad")
     check_store_directory(plan, [0], None, "rowwise_adagrad")  # rank 0 keeps nothing on SSD
+    check_store_directory(plan, [1], tmp_path, "rowwise_adagrad", io="direct")
     assert not list(tmp_path.iterdir())  # the probe file is gone
 
 
-def shard(rows=1000, cache_rows=64, cols=4, reader=None):
+def shard(rows=1000, cache_rows=64, cols=4, reader=None, compiled=True, store=None, policy="lru"):
     weights, momentum = torch.zeros(cache_rows, cols), torch.zeros(cache_rows)
-    store = MemoryRowStore(rows, cols, 1)
+    store = store or MemoryRowStore(rows, cols, 1)
     store.fill(0, torch.cat([torch.arange(rows, dtype=torch.float32)[:, None].expand(rows, cols),
                              torch.zeros(rows, 1)], 1))
-    return TieredShard("t", weights, [momentum], store, SetAssociativeCache(cache_rows, rows, 4), reader), weights, momentum
+    cache = SetAssociativeCache(cache_rows, rows, 4, policy)
+    return TieredShard("t", weights, [momentum], store, cache, reader, compiled), weights, momentum
 
 
-def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction():
-    s, weights, momentum = shard()
+both_passes = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+
+
+@both_passes
+def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction(compiled):
+    s, weights, momentum = shard(compiled=compiled)
     updates = torch.zeros(1000)  # how often each row was "trained"
     g = torch.Generator().manual_seed(0)
     for _ in range(40):
@@ -62,9 +68,10 @@ def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction()
     assert s.counters.written_back_rows > 0
 
 
+@both_passes
 @pytest.mark.parametrize("threaded", [False, True])
-def test_prefetched_rows_are_used_and_never_stale(threaded):
-    s, weights, _ = shard(cache_rows=256, reader=ThreadPoolExecutor(1) if threaded else None)
+def test_prefetched_rows_are_used_and_never_stale(threaded, compiled):
+    s, weights, _ = shard(cache_rows=256, reader=ThreadPoolExecutor(1) if threaded else None, compiled=compiled)
     first = torch.arange(0, 50)
     s.install(first, training=True)
     weights[s.cache.lookup(first)] += 100.0  # the batch updates its rows
@@ -76,8 +83,45 @@ def test_prefetched_rows_are_used_and_never_stale(threaded):
     assert torch.equal(weights[slots[25:], 0], torch.arange(50, 75).float())
 
 
-def test_evaluation_batches_do_not_dirty_rows():
-    s, _, _ = shard(cache_rows=256)
+@both_passes
+def test_evaluation_batches_do_not_dirty_rows(compiled):
+    s, _, _ = shard(cache_rows=256, compiled=compiled)
     s.install(torch.arange(0, 60), training=False)
     s.install(torch.arange(100, 160), training=False)
     assert s.counters.written_back_rows == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("kind", ["ddr", "ssd", "ssd_direct"])
+def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path, policy, kind):
+    """Same slots, index, dirty bits and counters after every batch, and the same records at the
+    end, with overflowing sets, prefetches, evaluation batches and a log too small for a batch
+    (the compiled pass reading with O_DIRECT, or through the page cache)."""
+    def make(compiled):
+        io = "direct" if kind == "ssd_direct" and compiled else "page_cache"
+        store = FileRowStore(2000, 4, 1, tmp_path / f"{compiled}.f32", log_rows=40, io=io) if kind != "ddr" else None
+        return shard(rows=2000, cache_rows=96, compiled=compiled, store=store, policy=policy)
+
+    (c, cw, cm), (t, tw, tm) = make(True), make(False)
+    assert c._kernels is not None and t._kernels is None
+    g = torch.Generator().manual_seed(1)
+    zipf = torch.arange(1, 2001, dtype=torch.float64) ** -1.0
+    for step in range(60):
+        ids = torch.multinomial(zipf, 70, replacement=True, generator=g)
+        training = step % 7 != 3
+        if step % 3 == 0:
+            c.prefetch(ids)
+            t.prefetch(ids)
+        sc, st = c.install(ids, training), t.install(ids, training)
+        assert torch.equal(sc, st)
+        for name in ("tags", "last_used", "slot_of", "overflow_ids", "frequency"):
+            a, b = getattr(c.cache, name), getattr(t.cache, name)
+            assert (a is None and b is None) or torch.equal(a, b), name
+        assert torch.equal(c.dirty, t.dirty) and c.cache.counters == t.cache.counters
+        assert c.counters.loaded_rows == t.counters.loaded_rows and c.counters.written_back_rows == t.counters.written_back_rows
+        assert c.counters.prefetched_rows == t.counters.prefetched_rows
+        for w, m in ((cw, cm), (tw, tm)):  # "train" the batch's rows
+            w[torch.unique(sc)] += 0.5
+            m[torch.unique(sc)] += 1.0
+    assert c.cache.counters.overflow > 0 and c.counters.written_back_rows > 40
+    assert torch.equal(c.records(), t.records())

@@ -1,5 +1,5 @@
-"""dlrm_scale's CPU kernels (csrc/): the row-wise Adagrad embedding backward and the dot
-interaction, compiled by torch's cpp_extension into one extension on first use (~40 s) inside
+"""dlrm_scale's CPU kernels (csrc/): the row-wise Adagrad embedding backward, the dot
+interaction and the row cache's per-batch pass, compiled by torch's cpp_extension into one extension on first use (~40 s) inside
 the virtual environment, and reused while the sources are unchanged. `make venv` builds it, so
 that jobs and tests do not race to. Without a compiler, training goes on with FBGEMM's and
 TorchRec's own kernels after one warning line.
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "bindings.cpp", CSRC / "rowwise_adagrad_cpu.cpp", CSRC / "dot_interaction_cpu.cpp"]
+SOURCES = [CSRC / "bindings.cpp", CSRC / "rowwise_adagrad_cpu.cpp", CSRC / "dot_interaction_cpu.cpp", CSRC / "row_cache_cpu.cpp"]
 
 _extension = None
 _failure: str | None = None

@@ -45,6 +45,12 @@ class CacheCounters:
     evictions: int = 0
     overflow: int = 0
 
+    def add(self, hits: int, misses: int, evictions: int, overflow: int) -> None:
+        self.hits += hits
+        self.misses += misses
+        self.evictions += evictions
+        self.overflow += overflow
+
     def as_dict(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "overflow": self.overflow}
 
@@ -136,10 +142,7 @@ class SetAssociativeCache:
 
         spill = miss_ids[~fits]
         if len(spill) > self.overflow_rows:
-            raise CacheTooSmallError(
-                f"a batch needs {len(ids)} distinct rows and {len(spill)} found no way in their set "
-                f"(the cache holds {self.capacity}, of which {self.overflow_rows} for such rows); raise the cache load factor"
-            )
+            raise CacheTooSmallError(self.too_small(len(ids), len(spill)))
         self.overflow_ids = spill  # sorted, since ids are
         miss_slots[~fits] = self.sets * W + torch.arange(len(spill))
         self.slot_of[spill] = miss_slots[~fits].to(torch.int32)
@@ -149,6 +152,10 @@ class SetAssociativeCache:
         evicted = old >= 0
         self.counters.evictions += int(evicted.sum())
         return SlotAssignment(slots, miss_ids, miss_slots, old[evicted], placed_slots[evicted])
+
+    def too_small(self, distinct: int, spilled: int) -> str:
+        return (f"a batch needs {distinct} distinct rows and {spilled} found no way in their set "
+                f"(the cache holds {self.capacity}, of which {self.overflow_rows} for such rows); raise the cache load factor")
 
     def _victims(self, sets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per set: its ways in eviction order (empty first, then by the policy; ways hit this

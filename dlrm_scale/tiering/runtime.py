@@ -29,23 +29,28 @@ import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 
 from dlrm_scale.bridge.resident import embedding_kernels
+from dlrm_scale.kernels.cpu_extension import built, load
 from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
-from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
+from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore, open_direct
 from planner.cost_model import rows_bytes
 from planner.errors import ConfigError
 from planner.plan import Plan, PlannedShard
 
 CACHE_WAYS = 32  # as FBGEMM's set-associative caches
 FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)
+_NO_IDS = torch.empty(0, dtype=torch.int64)
+_NO_RECORDS = torch.empty(0, 0, dtype=torch.float32)
+_NO_FREQUENCY = torch.empty(0, dtype=torch.int32)
 
 
 def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:
     return directory / f"{table}.rows{shard.row_offset}.cols{shard.col_offset}.rank{shard.rank}.f32"
 
 
-def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str) -> None:
-    """Before training: the SSD directory exists, is writable and has room for the shards of
-    `ranks` kept there. One line naming the directory and the fix otherwise."""
+def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str, io: str = "page_cache") -> None:
+    """Before training: the SSD directory exists, is writable (and reads with O_DIRECT, for
+    `io` "direct") and has room for the shards of `ranks` kept there. One line naming the
+    directory and the fix otherwise."""
     needed = sum(
         rows_bytes(s.rows, s.cols, optimizer)
         for t in plan.tables.values() if t.cached for s in t.shards if s.tier == "ssd" and s.rank in ranks
@@ -61,9 +66,13 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
     probe = directory / f".dlrm_scale_probe_{os.getpid()}"
     try:  # os.access says yes to root on a read-only mount; creating a file tells
         probe.touch()
-        probe.unlink()
     except OSError:
         raise ConfigError(f"store directory {directory} is not writable; fix its permissions or pass another --store-dir") from None
+    try:
+        if io == "direct":
+            os.close(open_direct(probe))
+    finally:
+        probe.unlink()
     free = shutil.disk_usage(directory).free
     if free < needed * FREE_DISK_MARGIN:
         raise ConfigError(
@@ -86,7 +95,9 @@ class TieredShard:
     store behind them."""
 
     def __init__(self, name: str, weights: torch.Tensor, states: list[torch.Tensor], store: MemoryRowStore,
-                 cache: SetAssociativeCache, reader: ThreadPoolExecutor | None) -> None:
+                 cache: SetAssociativeCache, reader: ThreadPoolExecutor | None, compiled: bool = True) -> None:
+        """`compiled`: the per-batch pass in C++ (row_cache_cpu.cpp) where it builds and the
+        views are contiguous fp32, else in torch ops (same decisions, several times slower)."""
         self.name = name
         self.weights, self.states = weights, states
         self.store, self.cache = store, cache
@@ -95,6 +106,8 @@ class TieredShard:
         self._reader = reader
         self._staged: tuple[torch.Tensor, Future] | None = None
         self._next_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        views = [weights, *states]
+        self._kernels = load() if compiled and all(v.is_contiguous() and v.dtype == torch.float32 for v in views) and built() else None
 
     # records: weights then each optimizer state, flattened per row
     def _gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -128,21 +141,53 @@ class TieredShard:
         """Read the rows of `ids` that are not cached now: in the background when the shard
         has a reader thread, else right away (while the current batch is between its forward
         and backward: with one core per rank a thread only competes for it)."""
-        uniq, inverse = torch.unique(ids, return_inverse=True)
-        self._next_batch = (ids, uniq, inverse)  # install() reuses the deduplication
-        missing = uniq[self.cache.lookup(uniq) < 0]
+        if self._kernels is not None:
+            missing = self._kernels.row_cache_missing(ids, self.cache.slot_of)
+            b = self.store.backing()
+            read = lambda rows: self._kernels.row_store_read(rows, b.memory, b.fds, b.direct, b.location, b.width)  # noqa: E731
+        else:
+            uniq, inverse = torch.unique(ids, return_inverse=True)
+            self._next_batch = (ids, uniq, inverse)  # install() reuses the deduplication
+            missing, read = uniq[self.cache.lookup(uniq) < 0], self.store.read
         if not len(missing):
             self._staged = None
         elif self._reader is None:
-            self._staged = (missing, _done(self.store.read(missing)))
-            self.store.release()
+            self._staged = (missing, _done(read(missing)))
         else:
-            self._staged = (missing, self._reader.submit(self.store.read, missing))
+            self._staged = (missing, self._reader.submit(read, missing))
 
     def install(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
         """Make `ids` resident; returns the cache slot of each. Rows a training batch touches
         are dirty (its fused optimizer will update them) and get written back on eviction."""
         start = time.perf_counter()
+        slots = self._install_compiled(ids, training) if self._kernels is not None else self._install_torch(ids, training)
+        self._staged = None
+        self.counters.install_us += int((time.perf_counter() - start) * 1e6)
+        return slots
+
+    def _install_compiled(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
+        cache, store = self.cache, self.store
+        staged_ids, staged_records = _NO_IDS, _NO_RECORDS
+        if self._staged is not None:
+            staged_ids, future = self._staged
+            staged_records = future.result()  # before any write: the read must not race one
+        store.reserve_log(len(cache.overflow_ids) + len(ids))
+        cache.clock += 1
+        slots, overflow, stats = self._kernels.row_cache_install(
+            ids, cache.tags, cache.last_used, cache.slot_of, _NO_FREQUENCY if cache.frequency is None else cache.frequency,
+            cache.clock, cache.overflow_ids, cache.overflow_rows, self.weights, self.states, self.dirty, *store.backing(),
+            store.log_used, staged_ids, staged_records, training)
+        hits, misses, evictions, spilled, loaded, prefetched, written, store.log_used = stats.tolist()
+        if spilled > cache.overflow_rows:
+            raise ConfigError(f"cached table '{self.name}': {cache.too_small(len(torch.unique(ids)), spilled)} (in its plan)")
+        cache.overflow_ids = overflow
+        cache.counters.add(hits, misses, evictions, spilled)
+        self.counters.loaded_rows += loaded
+        self.counters.prefetched_rows += prefetched
+        self.counters.written_back_rows += written
+        return slots
+
+    def _install_torch(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
         over_ids, over_slots = self.cache.take_overflow()
         if len(over_ids):
             self._write_back(over_ids, over_slots)
@@ -161,11 +206,9 @@ class TieredShard:
             self._scatter(a.load_slots, self._read(a.load_ids))
             self.dirty[a.load_slots] = False
             self.counters.loaded_rows += len(a.load_ids)
-        self._staged = None
-        self.store.release()
         if training:
             self.dirty[a.slots] = True
-        self.counters.install_us += int((time.perf_counter() - start) * 1e6)
+        self.store.release()  # the torch ops read and wrote the store's mappings
         return a.slots[inverse]
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
@@ -262,6 +305,7 @@ class TieringRuntime:
     policy: str = "lru"
     ways: int = CACHE_WAYS
     prefetch_thread: bool = False  # read ahead in a thread: worth it only with a spare core per rank
+    store_io: str = "page_cache"  # the SSD store's reads (dlrm_scale.run_config.STORE_IO)
 
 
 class TieredEmbeddings:
@@ -295,7 +339,8 @@ class TieredEmbeddings:
             table_states = list(states[j]) if j < len(states) else []
             state_cols = sum(s[0].numel() for s in table_states)
             if planned.tier == "ssd":
-                store = FileRowStore(tp.num_embeddings, planned.cols, state_cols, store_file(self.runtime.store_dir, table.name, planned))
+                store = FileRowStore(tp.num_embeddings, planned.cols, state_cols, store_file(self.runtime.store_dir, table.name, planned),
+                                     io=self.runtime.store_io)
             else:
                 store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)

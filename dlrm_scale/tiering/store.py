@@ -18,21 +18,38 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
+from dlrm_scale.run_config import STORE_IO
 from planner.errors import ConfigError
 
 RECORD_DTYPE = torch.float32
 CHUNK_ROWS = 1 << 18  # rows initialised, saved or loaded at a time: bounds memory for large files
+_NO_MEMORY = torch.empty(0, 0, dtype=RECORD_DTYPE)
+_NO_LOCATION = torch.empty(0, dtype=torch.int32)
+_NO_FILES = [-1, -1, -1, -1]
+
+
+class Backing(NamedTuple):
+    """A store as the compiled cache pass (dlrm_scale/kernels/csrc/row_cache_cpu.cpp) reads
+    and writes it: records in memory, or files (base, log, and the two opened for reads)."""
+
+    memory: torch.Tensor
+    fds: list[int]
+    direct: bool
+    location: torch.Tensor  # newest record's log slot per row, -1: the base file
+    width: int
+    log_rows: int
 
 
 class MemoryRowStore:
     """Records [num_rows, width] of fp32 in host memory (the DDR tier)."""
 
     tier = "ddr"
+    log_used = 0  # records appended to a log (the file store's; this one writes in place)
 
     def __init__(self, num_rows: int, cols: int, state_cols: int) -> None:
         self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
@@ -60,6 +77,12 @@ class MemoryRowStore:
 
     def write(self, ids: torch.Tensor, records: torch.Tensor) -> None:
         self.data.index_copy_(0, ids, records)
+
+    def backing(self) -> Backing:
+        return Backing(self.data, _NO_FILES, False, _NO_LOCATION, self.width, 0)
+
+    def reserve_log(self, records: int) -> None:
+        """Make room to append `records` (a batch's write-backs) where the store has a log."""
 
     def release(self) -> None:
         pass
@@ -91,6 +114,16 @@ class MemoryRowStore:
         pass
 
 
+def open_direct(path: Path) -> int:
+    """A read-only descriptor that bypasses the page cache (O_DIRECT); one line if the file
+    system has none (tmpfs, some overlays)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        raise ConfigError(f"store directory {path.parent} cannot read with O_DIRECT ({e.strerror}); "
+                          f"use another --store-dir or --store-io page_cache") from None
+
+
 def _map(path: Path, rows: int, width: int) -> tuple[int, mmap.mmap, torch.Tensor]:
     with open(path, "a+b") as f:
         f.truncate(rows * width * 4)
@@ -108,12 +141,19 @@ class FileRowStore(MemoryRowStore):
 
     tier = "ssd"
 
-    def __init__(self, num_rows: int, cols: int, state_cols: int, path: Path, log_rows: int | None = None) -> None:
+    def __init__(self, num_rows: int, cols: int, state_cols: int, path: Path, log_rows: int | None = None,
+                 io: str = "page_cache") -> None:
+        if io not in STORE_IO:
+            raise ConfigError(f"store io {io!r} is not one of {', '.join(STORE_IO)}")
         self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
         self.path, self.log_path = path, path.with_name(path.name + ".log")
         self.log_rows = max(1, log_rows or num_rows)
+        self.io = io
         self._fd, self._mm, self.base = _map(self.path, num_rows, self.width)
         self._log_fd, self._log_mm, self.log = _map(self.log_path, self.log_rows, self.width)
+        self._read_fd, self._log_read_fd = self._fd, self._log_fd
+        if io == "direct":
+            self._read_fd, self._log_read_fd = open_direct(self.path), open_direct(self.log_path)
         self.location = torch.full((num_rows,), -1, dtype=torch.int32)  # newest record's log slot, -1: base file
         self.log_used = 0
         self.compactions = 0
@@ -137,6 +177,15 @@ class FileRowStore(MemoryRowStore):
             self.location[ids[at:at + n]] = torch.arange(self.log_used, self.log_used + n, dtype=torch.int32)
             self.log_used += n
             at += n
+
+    def backing(self) -> Backing:
+        return Backing(_NO_MEMORY, [self._fd, self._log_fd, self._read_fd, self._log_read_fd], self.io == "direct",
+                       self.location, self.width, self.log_rows)
+
+    def reserve_log(self, records: int) -> None:
+        # the pass writes what finds no room in place, which is correct, only slower
+        if self.log_used and self.log_used + records > self.log_rows:
+            self.compact()
 
     def fill(self, start: int, records: torch.Tensor) -> None:
         self.base[start:start + len(records)] = records
@@ -176,3 +225,6 @@ class FileRowStore(MemoryRowStore):
             except BufferError:  # a view is still alive somewhere; the mapping goes with it
                 pass
             os.close(fd)
+        if self.io == "direct":
+            os.close(self._read_fd)
+            os.close(self._log_read_fd)

@@ -56,7 +56,7 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
     tiered = None
     if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
         runtime = TieringRuntime(Path(train.store_dir) if train.store_dir else None, run.tiering.policy,
-                                 prefetch_thread=train.prefetch_thread)
+                                 prefetch_thread=train.prefetch_thread, store_io=train.store_io)
         tiered = TieredEmbeddings(model, plan, rank, runtime)
     if initialise:
         initialise_embeddings(model, {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}, train.seed, tiered)

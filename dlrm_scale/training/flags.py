@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, CheckpointConfig, Overrides, RunConfig, load_run_config
+from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, STORE_IO, CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.errors import ConfigError
 from planner.plan import Plan, check_plan_inputs, check_plan_tables
 from planner.plan_inputs import PlanInputs
@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="deterministic kernels; log every step's exact loss (plans that sum in the same order give "
                         "bitwise equal losses, other plans and world sizes agree to about 1e-5)")
     p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
+    p.add_argument("--store-io", choices=STORE_IO,
+                   help="the SSD store's reads: through the page cache (default), or O_DIRECT from the device")
     p.add_argument("--interaction", choices=INTERACTIONS,
                    help="DLRM's dot interaction: dlrm_scale's symmetric backward or TorchRec's InteractionArch "
                         "(default: the faster on this machine, as calibrate measured)")

@@ -1,0 +1,388 @@
+// A cached shard's per-batch work in one pass: find the batch's rows in the set-associative
+// index, choose victims, write dirty victims back to the row store, load the misses into their
+// slots, map every id to its slot.
+//
+// The decisions are those of dlrm_scale.tiering.cache.SetAssociativeCache.assign (its torch
+// path stays as the fallback without a compiler, and as the reference the tests compare to):
+// rows a batch uses are locked; the k-th miss of a set, in ascending id order, takes the set's
+// k-th unlocked way in eviction order (empty first, then least recently used, or least
+// frequently requested then least recently used, ties to the lower way); misses that find no
+// way go to the overflow region. The torch path spends ~13 ms a table and batch on this
+// machine class in sorts and temporaries; here the ids are deduplicated through the index
+// itself (a pending mark in slot_of), and only the distinct misses (a fraction) are sorted.
+//
+// The store holds one fp32 record per row (weights, then optimizer state): an array in memory,
+// or the SSD store's base file with its append-only log and location index. Written-back
+// records go to the log while it has room, else in place; the caller compacts the log between
+// batches.
+#include "kernels.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kEmpty = -1;
+constexpr int32_t kPending = -2;  // in slot_of during a pass: a miss of this batch, not placed yet
+constexpr uint64_t kHash = 0x9E3779B97F4A7C15ull;
+constexpr int64_t kBlock = 4096;  // O_DIRECT's alignment
+constexpr int64_t kAhead = 16;  // ids (or misses) between a prefetch and its use
+
+// Same as cache.py's set_of: wrapping int64 product, arithmetic shift, non-negative remainder.
+inline int64_t set_of(int64_t id, int64_t sets) {
+  const int64_t h = static_cast<int64_t>(static_cast<uint64_t>(id) * kHash) >> 20;
+  const int64_t r = h % sets;
+  return r < 0 ? r + sets : r;
+}
+
+// Where a shard's records live: in memory (`memory`), or in files read and written with
+// pread/pwrite (the SSD store; the same page cache as its mappings, without a page fault per
+// row: ~0.7 us a row instead of ~2 on this machine class). `read_fd`/`log_read_fd` may be
+// opened with O_DIRECT (`direct`), so that reads come from the device, not the page cache.
+struct Store {
+  float* memory = nullptr;
+  int base_fd = -1, log_fd = -1, read_fd = -1, log_read_fd = -1;
+  bool direct = false;
+  int32_t* location = nullptr;  // newest record's log slot per row, -1: the base
+  int64_t width = 0, log_rows = 0, log_used = 0;
+  std::vector<float> appended;  // records appended since the last flush(), one pwrite
+  int64_t appended_from = 0;
+  float* bounce = nullptr;  // O_DIRECT's aligned buffer
+  int64_t bounce_bytes = 0;
+
+  ~Store() { std::free(bounce); }
+
+  int64_t record_bytes() const { return width * static_cast<int64_t>(sizeof(float)); }
+
+  void pread_all(int fd, void* out, int64_t bytes, int64_t offset) const {
+    char* at = static_cast<char*>(out);
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd, at, bytes, offset);
+      TORCH_CHECK(got > 0, "reading the row store failed: ", got < 0 ? std::strerror(errno) : "short file");
+      at += got, bytes -= got, offset += got;
+    }
+  }
+
+  void pwrite_all(int fd, const void* data, int64_t bytes, int64_t offset) const {
+    const char* at = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t put = ::pwrite(fd, at, bytes, offset);
+      TORCH_CHECK(put > 0, "writing the row store failed: ", put < 0 ? std::strerror(errno) : "no progress");
+      at += put, bytes -= put, offset += put;
+    }
+  }
+
+  void read_at(int fd, int64_t offset, float* out) {
+    const int64_t bytes = record_bytes();
+    if (!direct) return pread_all(fd, out, bytes, offset);
+    const int64_t first = offset / kBlock * kBlock, span = (offset + bytes + kBlock - 1) / kBlock * kBlock - first;
+    if (span > bounce_bytes) {
+      std::free(bounce);
+      bounce = static_cast<float*>(std::aligned_alloc(kBlock, span));
+      TORCH_CHECK(bounce != nullptr, "no memory for an O_DIRECT buffer");
+      bounce_bytes = span;
+    }
+    const ssize_t got = ::pread(fd, bounce, span, first);  // may stop at the end of the file
+    TORCH_CHECK(got >= offset - first + bytes, "reading the row store failed: ", got < 0 ? std::strerror(errno) : "short file");
+    std::memcpy(out, reinterpret_cast<char*>(bounce) + (offset - first), bytes);
+  }
+
+  void read(int64_t id, float* out) {
+    if (memory != nullptr) {
+      std::memcpy(out, memory + id * width, record_bytes());
+    } else if (location != nullptr && location[id] >= 0) {
+      read_at(log_read_fd, static_cast<int64_t>(location[id]) * record_bytes(), out);
+    } else {
+      read_at(read_fd, id * record_bytes(), out);
+    }
+  }
+
+  // Where a written-back record goes: appended to the log while it has room, else in place.
+  float* write_slot(int64_t id) {
+    if (memory != nullptr) return memory + id * width;
+    if (log_used < log_rows) {
+      location[id] = static_cast<int32_t>(log_used++);
+      appended.resize(appended.size() + width);
+      return appended.data() + appended.size() - width;
+    }
+    flush();  // a record in place may supersede one still waiting to be appended
+    location[id] = -1;
+    appended.resize(width);
+    appended_from = -1 - id;  // flush() writes it over the base record
+    return appended.data();
+  }
+
+  void flush() {
+    if (appended.empty()) return;
+    if (appended_from < 0) {
+      pwrite_all(base_fd, appended.data(), record_bytes(), (-1 - appended_from) * record_bytes());
+    } else {
+      pwrite_all(log_fd, appended.data(), static_cast<int64_t>(appended.size()) * sizeof(float), appended_from * record_bytes());
+    }
+    appended.clear();
+    appended_from = log_used;
+  }
+};
+
+// The resident rows: the TBE's weights and optimizer-state views, one record per slot.
+struct Slots {
+  float* weights;
+  int64_t cols;
+  std::vector<float*> states;
+  std::vector<int64_t> state_cols;
+
+  void load(int64_t slot, const float* record) {
+    std::memcpy(weights + slot * cols, record, cols * sizeof(float));
+    int64_t at = cols;
+    for (size_t s = 0; s < states.size(); ++s) {
+      std::memcpy(states[s] + slot * state_cols[s], record + at, state_cols[s] * sizeof(float));
+      at += state_cols[s];
+    }
+  }
+
+  void save(int64_t slot, float* record) const {
+    std::memcpy(record, weights + slot * cols, cols * sizeof(float));
+    int64_t at = cols;
+    for (size_t s = 0; s < states.size(); ++s) {
+      std::memcpy(record + at, states[s] + slot * state_cols[s], state_cols[s] * sizeof(float));
+      at += state_cols[s];
+    }
+  }
+};
+
+Slots slots_of(torch::Tensor& weights, std::vector<torch::Tensor>& states, int64_t width) {
+  TORCH_CHECK(weights.scalar_type() == torch::kFloat && weights.dim() == 2 && weights.is_contiguous(), "fp32 [slots, cols] weights");
+  Slots r{weights.data_ptr<float>(), weights.size(1), {}, {}};
+  int64_t w = r.cols;
+  for (auto& s : states) {
+    TORCH_CHECK(s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == weights.size(0), "fp32 state per slot");
+    r.states.push_back(s.data_ptr<float>());
+    r.state_cols.push_back(s.numel() / s.size(0));
+    w += r.state_cols.back();
+  }
+  TORCH_CHECK(w == width, "store records are ", width, " wide, the cache's rows ", w);
+  return r;
+}
+
+// fds: base, log, base for reads, log for reads (-1 each for a memory store); location: the
+// log's index (empty for a memory store).
+void open_store(Store& store, torch::Tensor& memory, const std::vector<int64_t>& fds, bool direct, torch::Tensor& location,
+                int64_t width, int64_t log_rows, int64_t log_used) {
+  TORCH_CHECK(fds.size() == 4, "four file descriptors (or -1)");
+  store.width = width;
+  if (memory.numel() > 0) {
+    TORCH_CHECK(memory.scalar_type() == torch::kFloat && memory.is_contiguous() && memory.size(1) == width, "fp32 [rows, width] store");
+    store.memory = memory.data_ptr<float>();
+    return;
+  }
+  TORCH_CHECK(location.scalar_type() == torch::kInt, "int32 location per row");
+  store.base_fd = static_cast<int>(fds[0]), store.log_fd = static_cast<int>(fds[1]);
+  store.read_fd = static_cast<int>(fds[2]), store.log_read_fd = static_cast<int>(fds[3]);
+  store.direct = direct;
+  store.location = location.data_ptr<int32_t>();
+  store.log_rows = log_rows, store.log_used = log_used, store.appended_from = log_used;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Tensor& tags, torch::Tensor& last_used,
+                                             torch::Tensor& slot_of, torch::Tensor& frequency, int64_t clock,
+                                             const torch::Tensor& overflow_ids, int64_t overflow_rows, torch::Tensor& weights,
+                                             std::vector<torch::Tensor> states, torch::Tensor& dirty, torch::Tensor& memory,
+                                             std::vector<int64_t> fds, bool direct, torch::Tensor& location, int64_t width,
+                                             int64_t log_rows, int64_t log_used, const torch::Tensor& staged_ids,
+                                             const torch::Tensor& staged_records, bool training) {
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && overflow_ids.scalar_type() == torch::kLong && staged_ids.scalar_type() == torch::kLong,
+              "int64 ids");
+  TORCH_CHECK(tags.scalar_type() == torch::kLong && last_used.scalar_type() == torch::kLong && tags.is_contiguous() &&
+                  last_used.is_contiguous(), "int64 [sets, ways] tags and clocks");
+  TORCH_CHECK(slot_of.scalar_type() == torch::kInt && dirty.scalar_type() == torch::kBool, "int32 slot_of, bool dirty");
+  const bool lfu = frequency.numel() > 0;
+  TORCH_CHECK(!lfu || frequency.scalar_type() == torch::kInt, "int32 frequency");
+  Slots cached = slots_of(weights, states, width);
+  Store store;
+  open_store(store, memory, fds, direct, location, width, log_rows, log_used);
+
+  const int64_t sets = tags.size(0), ways = tags.size(1), num_rows = slot_of.numel();
+  const int64_t n = ids.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t* tag = tags.data_ptr<int64_t>();
+  int64_t* used = last_used.data_ptr<int64_t>();
+  int32_t* slot = slot_of.data_ptr<int32_t>();
+  int32_t* freq = lfu ? frequency.data_ptr<int32_t>() : nullptr;
+  bool* is_dirty = dirty.data_ptr<bool>();
+  const int64_t overflow_base = sets * ways;
+
+  // staged (prefetched) records serve loads unless this pass writes the row first
+  const int64_t staged = staged_ids.numel();
+  const int64_t* staged_id = staged_ids.data_ptr<int64_t>();
+  const float* staged_record = staged > 0 ? staged_records.data_ptr<float>() : nullptr;
+  std::vector<char> staged_valid(staged, 1);
+  auto find_staged = [&](int64_t row) -> int64_t {
+    const int64_t* at = std::lower_bound(staged_id, staged_id + staged, row);
+    return (at != staged_id + staged && *at == row) ? at - staged_id : -1;
+  };
+  std::vector<float> record(width);
+  int64_t written = 0, loaded = 0, prefetched = 0, evictions = 0, hits = 0;
+  auto write_back = [&](int64_t row, int64_t s) {
+    if (!is_dirty[s]) return;
+    const int64_t k = find_staged(row);
+    if (k >= 0) staged_valid[k] = 0;
+    cached.save(s, store.write_slot(row));
+    is_dirty[s] = false;
+    ++written;
+  };
+  auto load = [&](int64_t row, int64_t s) {
+    const int64_t k = find_staged(row);
+    if (k >= 0 && staged_valid[k]) {
+      cached.load(s, staged_record + k * width);
+      ++prefetched;
+    } else {
+      store.read(row, record.data());
+      cached.load(s, record.data());
+    }
+    is_dirty[s] = false;
+    ++loaded;
+  };
+
+  // the previous batch's overflow rows leave the cache (this batch may load them again)
+  const int64_t* over = overflow_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < overflow_ids.numel(); ++i) {
+    write_back(over[i], overflow_base + i);
+    slot[over[i]] = kEmpty;
+  }
+  store.flush();
+
+  // hits lock their way and have their slot; distinct misses are collected once (slot_of
+  // marks them pending). Each id's index entry and then its way's clock are cold: both are
+  // prefetched ahead, so their misses overlap.
+  torch::Tensor out = torch::empty({n}, torch::kLong);
+  int64_t* o = out.data_ptr<int64_t>();
+  std::vector<int64_t> misses;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 2 * kAhead < n && id[i + 2 * kAhead] >= 0 && id[i + 2 * kAhead] < num_rows) __builtin_prefetch(slot + id[i + 2 * kAhead]);
+    if (i + kAhead < n && id[i + kAhead] >= 0 && id[i + kAhead] < num_rows && slot[id[i + kAhead]] >= 0) {
+      __builtin_prefetch(used + slot[id[i + kAhead]], 1);
+    }
+    const int64_t row = id[i];
+    TORCH_CHECK(row >= 0 && row < num_rows, "embedding id ", row, " out of range [0, ", num_rows, ")");
+    const int32_t s = slot[row];
+    o[i] = s;
+    if (s >= 0) {
+      if (used[s] != clock) {
+        used[s] = clock;
+        ++hits;
+        if (lfu) ++freq[row];
+      }
+    } else if (s == kEmpty) {
+      slot[row] = kPending;
+      misses.push_back(row);
+      if (lfu) ++freq[row];
+    }
+  }
+  std::sort(misses.begin(), misses.end());
+
+  std::vector<int64_t> spill;
+  const int64_t num_misses = static_cast<int64_t>(misses.size());
+  for (int64_t m = 0; m < num_misses; ++m) {
+    if (m + kAhead < num_misses) {  // the set's tags and clocks, a few lines each
+      const int64_t ahead = set_of(misses[m + kAhead], sets) * ways;
+      for (int64_t line = 0; line < ways; line += 8) {
+        __builtin_prefetch(tag + ahead + line, 1);
+        __builtin_prefetch(used + ahead + line, 1);
+      }
+    }
+    const int64_t row = misses[m];
+    const int64_t set = set_of(row, sets);
+    int64_t* set_tags = tag + set * ways;
+    int64_t* set_used = used + set * ways;
+    int64_t best = -1, best_priority = 0;
+    for (int64_t w = 0; w < ways; ++w) {
+      if (set_used[w] == clock) continue;  // locked: hit or placed this batch
+      int64_t priority;
+      if (set_tags[w] == kEmpty) {
+        priority = -1;
+      } else {
+        priority = lfu ? (static_cast<int64_t>(freq[set_tags[w]]) << 32) + set_used[w] : set_used[w];
+      }
+      if (best < 0 || priority < best_priority) {
+        best = w;
+        best_priority = priority;
+      }
+    }
+    if (best < 0) {
+      spill.push_back(row);
+      continue;
+    }
+    const int64_t s = set * ways + best;
+    const int64_t old = set_tags[best];
+    if (old != kEmpty) {
+      write_back(old, s);
+      slot[old] = kEmpty;
+      ++evictions;
+    }
+    set_tags[best] = row;
+    set_used[best] = clock;
+    slot[row] = static_cast<int32_t>(s);
+    load(row, s);
+  }
+
+  const int64_t spilled = static_cast<int64_t>(spill.size());
+  torch::Tensor stats = torch::empty({8}, torch::kLong);
+  torch::Tensor overflow = torch::empty({spilled}, torch::kLong);
+  if (spilled <= overflow_rows) {  // else the caller raises: the cache is too small for the batch
+    for (int64_t k = 0; k < spilled; ++k) {
+      slot[spill[k]] = static_cast<int32_t>(overflow_base + k);
+      load(spill[k], overflow_base + k);
+      overflow.data_ptr<int64_t>()[k] = spill[k];
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (o[i] < 0) o[i] = slot[id[i]];  // a miss, placed since
+      if (training) is_dirty[o[i]] = true;
+    }
+  }
+  store.flush();
+  const int64_t values[8] = {hits, static_cast<int64_t>(misses.size()), evictions, spilled, loaded, prefetched, written, store.log_used};
+  std::copy(values, values + 8, stats.data_ptr<int64_t>());
+  return {out, overflow, stats};
+}
+
+torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& slot_of) {
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && slot_of.scalar_type() == torch::kInt, "int64 ids, int32 slot_of");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int32_t* slot = slot_of.data_ptr<int32_t>();
+  const int64_t num_rows = slot_of.numel();
+  std::vector<int64_t> missing;
+  const int64_t n = ids.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && id[i + kAhead] >= 0 && id[i + kAhead] < num_rows) __builtin_prefetch(slot + id[i + kAhead]);
+    TORCH_CHECK(id[i] >= 0 && id[i] < num_rows, "embedding id ", id[i], " out of range [0, ", num_rows, ")");
+    if (slot[id[i]] < 0) missing.push_back(id[i]);
+  }
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  torch::Tensor out = torch::empty({static_cast<int64_t>(missing.size())}, torch::kLong);
+  std::copy(missing.begin(), missing.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+torch::Tensor row_store_read(const torch::Tensor& ids, torch::Tensor& memory, std::vector<int64_t> fds, bool direct,
+                             torch::Tensor& location, int64_t width) {
+  TORCH_CHECK(ids.scalar_type() == torch::kLong, "int64 ids");
+  Store store;
+  open_store(store, memory, fds, direct, location, width, 0, 0);
+  const int64_t n = ids.numel();
+  torch::Tensor out = torch::empty({n, width}, torch::kFloat);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  pybind11::gil_scoped_release released;  // a reader thread overlaps the trainer's Python
+  for (int64_t i = 0; i < n; ++i) store.read(id[i], o + i * width);
+  return out;
+}
