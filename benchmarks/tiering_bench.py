@@ -1,14 +1,16 @@
-"""Tiering benchmark: hit-rate curves, training with rows 4x the fast memory, exactness.
+"""Tiering benchmark: hit-rate curves, training with rows 4x and 10x the fast memory, exactness.
 
 1. curves: for Zipf exponents 0.8, 1.05 and 1.2, the hit-rate curves `dlrm-scale profile`
    computes (planner.access_stats: batch-granular LRU stack distances, LFU by request counts)
    against a replay of the same trace through the cache the trainer uses
    (dlrm_scale.tiering.cache, 32-way set-associative), at several cache sizes; also the Zipf
    formulas the planner falls back on without a profile, against a steady-state replay.
-2. speed: configs/bench_tiered.yaml (4.2 GB of rows and optimizer state, fast memory a
-   quarter of it) planned by our planner, which puts the rows on SSD behind 25% caches;
-   trained on 2 gloo ranks, alternating with the same plan all in memory. Samples/s are
-   medians over the runs of each run's steady windows; resident memory is the largest rank's.
+2. speed: configs/bench_tiered.yaml (4.2 GB of rows and optimizer state) with fast memory
+   1/4 and 1/10 of it, Zipf 1.05 and 0.8, LRU and LFU, each planned by our planner (rows on
+   SSD behind 25% or 10% caches); trained on 2 gloo ranks, every variant and the same plans
+   all in memory run once per round, rounds repeated. Samples/s: medians over the runs of
+   each run's steady windows; ratios per round. Then one short run reading with O_DIRECT
+   (disk speed), and the disk's own O_DIRECT read speed beside it.
 3. exactness: 2 ranks, a cached SSD table and a cached DDR table, rows and optimizer state
    after N steps against the same tables trained in memory (dlrm_scale.training.state).
 
@@ -26,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -89,10 +92,31 @@ def curves(rows: int = 1_000_000, ids_per_batch: int = 4096, batches: int = 400)
 
 
 # ---- 2. speed --------------------------------------------------------------------------------
-def train(plan: str, steps: int, store_dir: str) -> dict:
+# (name, Zipf exponent, cache policy, cache load factor); fast memory = the caches plus the dense side
+VARIANTS = (
+    ("4x", 1.05, "lru", 0.25), ("10x", 1.05, "lru", 0.1),
+    ("4x_lfu", 1.05, "lfu", 0.25), ("10x_lfu", 1.05, "lfu", 0.1),
+    ("4x_zipf0.8", 0.8, "lru", 0.25), ("10x_zipf0.8", 0.8, "lru", 0.1),
+)
+DIRECT = ("10x_direct", 1.05, "lru", 0.1)  # O_DIRECT: disk speed, a short run
+DDR_GIB_PER_ROW_BYTE = 1.05 / 0.25 / 4.16e9  # bench_tiered.yaml's fast memory per byte of cache at 4x
+
+
+def variant_config(work: Path, name: str, zipf: float, policy: str, load_factor: float) -> Path:
+    text = Path(ROOT, CONFIG).read_text()
+    ddr_gib = 4.16e9 * load_factor * DDR_GIB_PER_ROW_BYTE
+    text = (text.replace("zipf_exponent: 1.05", f"zipf_exponent: {zipf}").replace("policy: lru", f"policy: {policy}")
+            .replace("load_factors: [0.25]", f"load_factors: [{load_factor}]").replace("ddr_gib_per_node: 1.05", f"ddr_gib_per_node: {ddr_gib:.3f}"))
+    path = work / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str = "page_cache") -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
-               "--config", CONFIG, "--plan", plan, "--steps", str(steps), "--out-dir", out, "--store-dir", store_dir]
+               "--config", str(config), "--plan", str(plan), "--steps", str(steps), "--out-dir", out, "--store-dir", str(store_dir),
+               "--store-io", store_io]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0:
             raise RuntimeError(f"training failed: {proc.stderr[-2000:]}")
@@ -102,14 +126,20 @@ def train(plan: str, steps: int, store_dir: str) -> dict:
     steady = windows[len(windows) // 2:]  # caches fill during the first half
     result = {
         "samples_per_s": statistics.median(r["samples_per_s"] for r in steady),
+        "step_ms": statistics.median(r["step_ms"] for r in steady),
         "rss_bytes": max(r["rss_bytes"] for r in windows),
         "rss_anon_bytes": max(r["rss_anon_bytes"] for r in windows),
         "auc": [r for r in records if "auc" in r][-1]["auc"],
+        # per rank: the slower rank's median over the steady windows
+        "phase_ms": {k: statistics.median(max(r["phase_ms"][k]) for r in steady) for k in ("emb_fwd", "tiering")},
     }
     if cache:
         last = cache[len(cache) // 2:]
+        log_every = records[1]["step"] if len(records) > 1 else 10
         result["cache_hit_rate"] = sum(r["cache_hits"] for r in last) / sum(r["cache_hits"] + r["cache_misses"] for r in last)
-        result["cache_ms_per_step"] = statistics.median(r["cache_install_us"] for r in last) / 1e3 / 2 / 10  # per rank, log_every 10
+        # counters are summed over the 2 ranks, per logging window
+        result["cache_install_ms_per_step"] = statistics.median(r["cache_install_us"] for r in last) / 1e3 / 2 / log_every
+        result["misses_per_step_per_rank"] = statistics.median(r["cache_misses"] for r in last) / 2 / log_every
     return result
 
 
@@ -120,40 +150,85 @@ def in_memory(plan: Plan) -> Plan:
     return replace(plan, tables=tables)
 
 
+def disk_read_bandwidth(directory: Path, size_bytes: int = 1 << 30, seconds: float = 3.0) -> dict:
+    """The store's device as O_DIRECT sees it: random 4 KiB reads one at a time (as the store
+    issues them) and sequential 1 MiB reads, on a file of its own in the store directory."""
+    import mmap
+
+    path = directory / "disk_probe.bin"
+    with open(path, "wb") as f:
+        for _ in range(size_bytes >> 24):
+            f.write(os.urandom(1 << 24))
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    out = {}
+    try:
+        for label, block in (("random_4k", 4096), ("sequential_1m", 1 << 20)):
+            buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT needs
+            rng = np.random.default_rng(0)
+            reads, start, at = 0, time.perf_counter(), 0
+            while time.perf_counter() - start < seconds:
+                at = int(rng.integers(0, size_bytes // block)) * block if block == 4096 else (at + block) % size_bytes
+                os.preadv(fd, [buf], at)
+                reads += 1
+            elapsed = time.perf_counter() - start
+            out[label] = {"mb_per_s": reads * block / elapsed / 1e6, "reads_per_s": reads / elapsed}
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out
+
+
 def speed(steps: int, repeats: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tiering_bench_"))
-    tiered_path, memory_path = work / "tiered.json", work / "memory.json"
-    subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", CONFIG, "--out", str(tiered_path)], cwd=ROOT, check=True,
-                   capture_output=True)
-    plan = Plan.load(tiered_path)
-    in_memory(plan).save(memory_path)
-    rows_bytes = sum(s.rows * s.cols * 4 + s.rows * 4 for t in plan.tables.values() for s in t.shards)
-    cache_bytes = sum(s.cache_rows * s.cols * 4 + s.cache_rows * 4 for t in plan.tables.values() for s in t.shards)
-    runs = {"tiered": [], "in_memory": []}
+    kinds: dict[str, tuple[Path, Path]] = {}  # kind -> (config, plan)
+    for name, zipf, policy, factor in VARIANTS + (DIRECT,):
+        config = variant_config(work, name, zipf, policy, factor)
+        plan_path = work / f"{name}.json"
+        subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", str(config), "--out", str(plan_path)], cwd=ROOT, check=True,
+                       capture_output=True)
+        kinds[name] = (config, plan_path)
+        memory = f"memory_zipf{zipf}"
+        if memory not in kinds:
+            in_memory(Plan.load(plan_path)).save(work / f"{memory}.json")
+            kinds[memory] = (config, work / f"{memory}.json")
+    store = work / "store"
+    store.mkdir()
+    runs: dict[str, list[dict]] = {k: [] for k in kinds if k != DIRECT[0]}
     for _ in range(repeats):
-        for kind, path in (("tiered", tiered_path), ("in_memory", memory_path)):
-            store = work / f"store_{kind}"
-            store.mkdir(exist_ok=True)
-            r = train(str(path), steps, str(store))
+        for kind in runs:  # alternated: each round runs every kind once
+            r = train(*kinds[kind], steps, store)
             runs[kind].append(r)
             print(kind, json.dumps(r), flush=True)
             for f in store.iterdir():
                 f.unlink()
-    tiered = statistics.median(r["samples_per_s"] for r in runs["tiered"])
-    memory = statistics.median(r["samples_per_s"] for r in runs["in_memory"])
-    rss_tiered = max(r["rss_bytes"] for r in runs["tiered"])
-    rss_memory = max(r["rss_bytes"] for r in runs["in_memory"])
-    per_rank_rows, per_rank_cache = rows_bytes / plan.world_size, cache_bytes / plan.world_size
-    return {
-        "plan": {n: {"kernel": t.compute_kernel, "tier": t.shards[0].tier, "cache_load_factor": t.cache_load_factor}
-                 for n, t in plan.tables.items()},
-        "rows_bytes": rows_bytes, "cache_bytes": cache_bytes, "rows_over_cache": rows_bytes / cache_bytes,
-        "tiered_samples_per_s": tiered, "in_memory_samples_per_s": memory, "ratio": tiered / memory,
-        # overhead: resident memory beyond the embedding bytes each run keeps in memory
-        "rss_tiered_bytes": rss_tiered, "rss_in_memory_bytes": rss_memory,
-        "overhead_tiered_bytes": rss_tiered - per_rank_cache, "overhead_in_memory_bytes": rss_memory - per_rank_rows,
-        "runs": runs,
-    }
+    direct_steps = max(20, steps // 2)
+    direct = train(*kinds[DIRECT[0]], direct_steps, store, store_io="direct")
+    print(DIRECT[0], json.dumps(direct), flush=True)
+    disk = disk_read_bandwidth(store)
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[kind])
+
+    variants = {}
+    for name, zipf, policy, factor in VARIANTS:
+        plan = Plan.load(kinds[name][1])
+        memory = f"memory_zipf{zipf}"
+        ratios = [t["samples_per_s"] / m["samples_per_s"] for t, m in zip(runs[name], runs[memory])]  # same round
+        variants[name] = {
+            "zipf": zipf, "policy": policy, "cache_load_factor": factor,
+            "plan": sorted({f"{t.compute_kernel}/{t.shards[0].tier}/{t.cache_load_factor}" for t in plan.tables.values()}),
+            "tiered_samples_per_s": median(name, "samples_per_s"), "in_memory_samples_per_s": median(memory, "samples_per_s"),
+            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+            "cache_hit_rate": median(name, "cache_hit_rate"), "misses_per_step_per_rank": median(name, "misses_per_step_per_rank"),
+            "cache_install_ms_per_step": median(name, "cache_install_ms_per_step"),
+            "tiering_phase_ms": statistics.median(r["phase_ms"]["tiering"] for r in runs[name]),
+            "rss_tiered_bytes": max(r["rss_bytes"] for r in runs[name]), "rss_in_memory_bytes": max(r["rss_bytes"] for r in runs[memory]),
+        }
+    memory = runs["memory_zipf1.05"]
+    return {"steps": steps, "repeats": repeats, "variants": variants, "runs": runs,
+            "direct": {"steps": direct_steps, "run": direct, "in_memory_samples_per_s": statistics.median(r["samples_per_s"] for r in memory),
+                       "disk": disk}}
 
 
 # ---- 3. exactness ----------------------------------------------------------------------------
@@ -192,9 +267,15 @@ def main() -> int:
             print(f"| {e} | {c['max_profile_error_points']:.2f} | {c['max_zipf_model_error_points']:.2f} |")
     if "speed" in results:
         s = results["speed"]
-        print(f"rows {s['rows_bytes'] / 1e9:.2f} GB on SSD, caches {s['cache_bytes'] / 1e9:.2f} GB ({s['rows_over_cache']:.1f}x): "
-              f"{s['tiered_samples_per_s']:,.0f} vs {s['in_memory_samples_per_s']:,.0f} samples/s in memory = {s['ratio']:.2f}x; "
-              f"RSS {s['rss_tiered_bytes'] / 2**30:.2f} GiB vs {s['rss_in_memory_bytes'] / 2**30:.2f} GiB")
+        print("| rows / fast memory | Zipf | policy | hit rate | samples/s tiered | in memory | ratio (range) | cache ms/step | prefetch ms/step |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, v in s["variants"].items():
+            print(f"| {name.split('_')[0]} | {v['zipf']} | {v['policy']} | {v['cache_hit_rate']:.3f} | {v['tiered_samples_per_s']:,.0f} | "
+                  f"{v['in_memory_samples_per_s']:,.0f} | **{v['ratio']:.2f}x** ({v['ratio_range'][0]:.2f}-{v['ratio_range'][1]:.2f}) | "
+                  f"{v['cache_install_ms_per_step']:.1f} | {v['tiering_phase_ms']:.1f} |")
+        d = s["direct"]
+        print(f"O_DIRECT, 10x: {d['run']['samples_per_s']:,.0f} samples/s ({d['run']['samples_per_s'] / d['in_memory_samples_per_s']:.3f}x), "
+              f"disk {json.dumps(d['disk'])}")
     if "exactness" in results:
         print(f"exact after {results['exactness']['steps']} steps: {results['exactness']['exact']}")
     return 0

@@ -42,6 +42,15 @@ inline int64_t set_of(int64_t id, int64_t sets) {
   return r < 0 ? r + sets : r;
 }
 
+struct Move {
+  int64_t row, slot, old;  // the miss, the slot it takes, the slot's previous row (or kEmpty)
+};
+
+// Buffers kept between calls: a batch's worth of pages is not faulted in again every batch.
+thread_local std::vector<int64_t> scratch_misses;
+thread_local std::vector<Move> scratch_moves;
+thread_local std::vector<float> scratch_appended;
+
 // Where a shard's records live: in memory (`memory`), or in files read and written with
 // pread/pwrite (the SSD store; the same page cache as its mappings, without a page fault per
 // row: ~0.7 us a row instead of ~2 on this machine class). `read_fd`/`log_read_fd` may be
@@ -52,7 +61,7 @@ struct Store {
   bool direct = false;
   int32_t* location = nullptr;  // newest record's log slot per row, -1: the base
   int64_t width = 0, log_rows = 0, log_used = 0;
-  std::vector<float> appended;  // records appended since the last flush(), one pwrite
+  std::vector<float>& appended = scratch_appended;  // records appended since the last flush(), one pwrite
   int64_t appended_from = 0;
   float* bounce = nullptr;  // O_DIRECT's aligned buffer
   int64_t bounce_bytes = 0;
@@ -147,6 +156,11 @@ struct Slots {
     }
   }
 
+  void prefetch(int64_t slot) const {
+    for (int64_t c = 0; c < cols; c += 16) __builtin_prefetch(weights + slot * cols + c, 1);
+    for (size_t s = 0; s < states.size(); ++s) __builtin_prefetch(states[s] + slot * state_cols[s], 1);
+  }
+
   void save(int64_t slot, float* record) const {
     std::memcpy(record, weights + slot * cols, cols * sizeof(float));
     int64_t at = cols;
@@ -177,6 +191,7 @@ void open_store(Store& store, torch::Tensor& memory, const std::vector<int64_t>&
                 int64_t width, int64_t log_rows, int64_t log_used) {
   TORCH_CHECK(fds.size() == 4, "four file descriptors (or -1)");
   store.width = width;
+  store.appended.clear();
   if (memory.numel() > 0) {
     TORCH_CHECK(memory.scalar_type() == torch::kFloat && memory.is_contiguous() && memory.size(1) == width, "fp32 [rows, width] store");
     store.memory = memory.data_ptr<float>();
@@ -265,7 +280,8 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   // prefetched ahead, so their misses overlap.
   torch::Tensor out = torch::empty({n}, torch::kLong);
   int64_t* o = out.data_ptr<int64_t>();
-  std::vector<int64_t> misses;
+  std::vector<int64_t>& misses = scratch_misses;
+  misses.clear();
   for (int64_t i = 0; i < n; ++i) {
     if (i + 2 * kAhead < n && id[i + 2 * kAhead] >= 0 && id[i + 2 * kAhead] < num_rows) __builtin_prefetch(slot + id[i + 2 * kAhead]);
     if (i + kAhead < n && id[i + kAhead] >= 0 && id[i + kAhead] < num_rows && slot[id[i + kAhead]] >= 0) {
@@ -289,7 +305,10 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   }
   std::sort(misses.begin(), misses.end());
 
+  // victims first, in ascending id order as the torch path (moving no data yet)
   std::vector<int64_t> spill;
+  std::vector<Move>& moves = scratch_moves;
+  moves.clear();
   const int64_t num_misses = static_cast<int64_t>(misses.size());
   for (int64_t m = 0; m < num_misses; ++m) {
     if (m + kAhead < num_misses) {  // the set's tags and clocks, a few lines each
@@ -324,14 +343,22 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
     const int64_t s = set * ways + best;
     const int64_t old = set_tags[best];
     if (old != kEmpty) {
-      write_back(old, s);
       slot[old] = kEmpty;
       ++evictions;
     }
     set_tags[best] = row;
     set_used[best] = clock;
     slot[row] = static_cast<int32_t>(s);
-    load(row, s);
+    moves.push_back({row, s, old});
+  }
+
+  // then the rows move: each victim's record out, the miss's in, the slots ahead prefetched
+  const int64_t num_moves = static_cast<int64_t>(moves.size());
+  for (int64_t k = 0; k < num_moves; ++k) {
+    if (k + kAhead < num_moves) cached.prefetch(moves[k + kAhead].slot);
+    const Move& move = moves[k];
+    if (move.old != kEmpty) write_back(move.old, move.slot);
+    load(move.row, move.slot);
   }
 
   const int64_t spilled = static_cast<int64_t>(spill.size());
