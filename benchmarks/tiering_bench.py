@@ -179,6 +179,36 @@ def disk_read_bandwidth(directory: Path, size_bytes: int = 1 << 30, seconds: flo
     return out
 
 
+def predicted_cache_ms(config: Path, tiered: Path, memory: Path) -> float:
+    """What the cost model says the caches add to a step, on the rank where they add the most:
+    the embedding phase group of the tiered plan less the in-memory plan's (cache_miss_ms and
+    cache_lookup_ms of each cached shard), from `dlrm-scale simulate`."""
+    from dlrm_scale.run_config import load_run_config
+    from dlrm_scale.tools.simulate import simulate
+
+    run = load_run_config(config)
+    tiered_sim, memory_sim = (simulate(Plan.load(p), run.problem, run.model, run.train.dense_optimizer) for p in (tiered, memory))
+    return max(t.phases_ms["embedding"] - m.phases_ms["embedding"] for t, m in zip(tiered_sim.ranks, memory_sim.ranks))
+
+
+def measured_cache_ms(tiered: dict, memory: dict) -> float:
+    """What the caches added, as the trainer timed it: the tiered run's lookup forward (which
+    installs each batch's rows) and its read-ahead phase, less the in-memory run's forward."""
+    return tiered["phase_ms"]["emb_fwd"] + tiered["phase_ms"]["tiering"] - memory["phase_ms"]["emb_fwd"]
+
+
+def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
+    """Resident memory tiering adds beyond its caches, per rank and per row the rank's stores
+    hold: the tiered run's RSS less its cache rows, against the in-memory run's less its rows
+    (both keep the same model, TorchRec and buffers)."""
+    rows = sum(s.rows for t in plan.tables.values() for s in t.shards) / plan.world_size
+    row_bytes = sum(s.rows * s.cols * 4 + s.rows * 4 for t in plan.tables.values() for s in t.shards) / plan.world_size
+    cache_bytes = sum(s.cache_rows * s.cols * 4 + s.cache_rows * 4 for t in plan.tables.values() for s in t.shards) / plan.world_size
+    overhead = (rss_tiered - cache_bytes) - (rss_in_memory - row_bytes)
+    return {"rows_per_rank": rows, "cache_bytes_per_rank": cache_bytes, "overhead_bytes_per_rank": overhead,
+            "overhead_bytes_per_row": overhead / rows}
+
+
 def speed(steps: int, repeats: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tiering_bench_"))
     kinds: dict[str, tuple[Path, Path]] = {}  # kind -> (config, plan)
@@ -224,7 +254,11 @@ def speed(steps: int, repeats: int) -> dict:
             "cache_install_ms_per_step": median(name, "cache_install_ms_per_step"),
             "tiering_phase_ms": statistics.median(r["phase_ms"]["tiering"] for r in runs[name]),
             "rss_tiered_bytes": max(r["rss_bytes"] for r in runs[name]), "rss_in_memory_bytes": max(r["rss_bytes"] for r in runs[memory]),
+            "cache_ms_measured": statistics.median(measured_cache_ms(t, m) for t, m in zip(runs[name], runs[memory])),
+            "cache_ms_predicted": predicted_cache_ms(kinds[name][0], kinds[name][1], kinds[memory][1]),
         }
+        variants[name]["cache_ms_error"] = variants[name]["cache_ms_predicted"] / variants[name]["cache_ms_measured"] - 1
+        variants[name].update(resident_overhead(plan, variants[name]["rss_tiered_bytes"], variants[name]["rss_in_memory_bytes"]))
     memory = runs["memory_zipf1.05"]
     return {"steps": steps, "repeats": repeats, "variants": variants, "runs": runs,
             "direct": {"steps": direct_steps, "run": direct, "in_memory_samples_per_s": statistics.median(r["samples_per_s"] for r in memory),
@@ -267,12 +301,14 @@ def main() -> int:
             print(f"| {e} | {c['max_profile_error_points']:.2f} | {c['max_zipf_model_error_points']:.2f} |")
     if "speed" in results:
         s = results["speed"]
-        print("| rows / fast memory | Zipf | policy | hit rate | samples/s tiered | in memory | ratio (range) | cache ms/step | prefetch ms/step |")
+        print("| rows / fast memory | Zipf | policy | hit rate | samples/s tiered | in memory | ratio (range) | "
+              "cache ms/step: install, read-ahead | cache ms/step: measured, simulate |")
         print("|---|---|---|---|---|---|---|---|---|")
         for name, v in s["variants"].items():
             print(f"| {name.split('_')[0]} | {v['zipf']} | {v['policy']} | {v['cache_hit_rate']:.3f} | {v['tiered_samples_per_s']:,.0f} | "
                   f"{v['in_memory_samples_per_s']:,.0f} | **{v['ratio']:.2f}x** ({v['ratio_range'][0]:.2f}-{v['ratio_range'][1]:.2f}) | "
-                  f"{v['cache_install_ms_per_step']:.1f} | {v['tiering_phase_ms']:.1f} |")
+                  f"{v['cache_install_ms_per_step']:.1f}, {v['tiering_phase_ms']:.1f} | "
+                  f"{v['cache_ms_measured']:.1f}, {v['cache_ms_predicted']:.1f} ({100 * v['cache_ms_error']:+.0f}%) |")
         d = s["direct"]
         print(f"O_DIRECT, 10x: {d['run']['samples_per_s']:,.0f} samples/s ({d['run']['samples_per_s'] / d['in_memory_samples_per_s']:.3f}x), "
               f"disk {json.dumps(d['disk'])}")

@@ -20,6 +20,7 @@ import torch
 from planner.specs import CACHE_POLICIES
 
 EMPTY = -1
+FREQUENCY_MAX = 2**15 - 1  # LFU's request counts saturate here (int16)
 _HASH = 0x9E3779B97F4A7C15 - 2**64  # Fibonacci hashing spreads consecutive (hot) ids over sets
 
 
@@ -76,8 +77,9 @@ class SetAssociativeCache:
         self.tags = torch.full((self.sets, self.ways), EMPTY, dtype=torch.int64)
         self.slot_of = torch.full((num_rows,), EMPTY, dtype=torch.int32)
         self.last_used = torch.zeros((self.sets, self.ways), dtype=torch.int64)
-        # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does)
-        self.frequency = torch.zeros(num_rows, dtype=torch.int32) if policy == "lfu" else None
+        # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does),
+        # counting to FREQUENCY_MAX (2 bytes a row; rows that hot are all kept, by recency)
+        self.frequency = torch.zeros(num_rows, dtype=torch.int16) if policy == "lfu" else None
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
         self.clock = 0
         self.counters = CacheCounters()
@@ -105,7 +107,8 @@ class SetAssociativeCache:
         hit = slots >= 0
         self.last_used.view(-1)[slots[hit]] = self.clock
         if self.frequency is not None:
-            self.frequency[ids] += 1
+            counts = self.frequency[ids]
+            self.frequency[ids] = torch.where(counts < FREQUENCY_MAX, counts + 1, counts)
 
         miss = ~hit
         miss_ids = ids[miss]

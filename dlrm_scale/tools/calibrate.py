@@ -294,12 +294,19 @@ def timed_cold(fn) -> float:
     return time.perf_counter() - start
 
 
+def read_ahead_and_install(shard, ids: torch.Tensor) -> None:
+    """A batch as the pipeline trains a cached table: its misses read ahead, then installed."""
+    shard.prefetch(ids)
+    shard.install(ids, training=True)
+
+
 def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20) -> list[dict]:
     """Times of a table kept on SSD (dlrm_scale.tiering.runtime: row cache in front of the
     log-structured file store in `directory`), one sample per embedding dim: batches of
     uniform ids, nearly all missing once the cache is full, and the last batch again, all hits
-    (the cost every id pays). Between batches a buffer larger than the processor's caches is
-    written, as a training step's other work does: the cache's index and rows start cold."""
+    (the cost every id pays). Each batch is read ahead, then installed, as the pipeline does;
+    between batches a buffer larger than the processor's caches is written, as a training
+    step's other work does: the cache's index and rows start cold."""
     import tempfile
 
     from dlrm_scale.training.initial_weights import initial_rows
@@ -321,13 +328,24 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
             misses, seconds, hit_seconds = shard.cache.counters.misses, 0.0, 0.0
             for _ in range(batches):
                 ids = torch.randint(0, rows, (batch,), generator=g)
-                seconds += timed_cold(lambda: shard.install(ids, training=True))
+                seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
             for _ in range(batches):
-                hit_seconds += timed_cold(lambda: shard.install(ids, training=True))
+                hit_seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
             samples.append({"dim": dim, "ids": batches * batch, "misses": shard.cache.counters.misses - misses, "seconds": seconds,
                             "hit_seconds": hit_seconds})
             store.close()
     return samples
+
+
+def _store_samples_on_rank(rank: int, world: int, directory: str) -> list[dict]:
+    """store_miss_samples on every rank at once, as a job's ranks share the machine's memory
+    and disk; per dim, the slowest rank's sample."""
+    import torch.distributed as dist
+
+    mine = store_miss_samples(Path(directory))
+    every: list[list[dict] | None] = [None] * world
+    dist.all_gather_object(every, mine)
+    return [max((ranks[i] for ranks in every), key=lambda s: s["seconds"]) for i in range(len(mine))]
 
 
 def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
@@ -409,7 +427,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         progress.update(1)
         update_ns = replica_update_ns(cfg)
         progress.update(1)
-        store = store_miss_samples(out.parent)
+        store = run_on_ranks(_store_samples_on_rank, cfg.nproc, str(out.parent))
         progress.update(1)
         kernels, kernel_times = choose_cpu_kernels()
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

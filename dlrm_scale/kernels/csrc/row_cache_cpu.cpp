@@ -32,6 +32,7 @@ namespace {
 constexpr int64_t kEmpty = -1;
 constexpr int32_t kPending = -2;  // in slot_of during a pass: a miss of this batch, not placed yet
 constexpr uint64_t kHash = 0x9E3779B97F4A7C15ull;
+constexpr int16_t kFrequencyMax = 32767;  // cache.py's FREQUENCY_MAX
 constexpr int64_t kBlock = 4096;  // O_DIRECT's alignment
 constexpr int64_t kAhead = 16;  // ids (or misses) between a prefetch and its use
 
@@ -220,7 +221,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                   last_used.is_contiguous(), "int64 [sets, ways] tags and clocks");
   TORCH_CHECK(slot_of.scalar_type() == torch::kInt && dirty.scalar_type() == torch::kBool, "int32 slot_of, bool dirty");
   const bool lfu = frequency.numel() > 0;
-  TORCH_CHECK(!lfu || frequency.scalar_type() == torch::kInt, "int32 frequency");
+  TORCH_CHECK(!lfu || frequency.scalar_type() == torch::kShort, "int16 frequency");
   Slots cached = slots_of(weights, states, width);
   Store store;
   open_store(store, memory, fds, direct, location, width, log_rows, log_used);
@@ -231,7 +232,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   int64_t* tag = tags.data_ptr<int64_t>();
   int64_t* used = last_used.data_ptr<int64_t>();
   int32_t* slot = slot_of.data_ptr<int32_t>();
-  int32_t* freq = lfu ? frequency.data_ptr<int32_t>() : nullptr;
+  int16_t* freq = lfu ? frequency.data_ptr<int16_t>() : nullptr;
   bool* is_dirty = dirty.data_ptr<bool>();
   const int64_t overflow_base = sets * ways;
 
@@ -295,12 +296,12 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
       if (used[s] != clock) {
         used[s] = clock;
         ++hits;
-        if (lfu) ++freq[row];
+        if (lfu && freq[row] < kFrequencyMax) ++freq[row];
       }
     } else if (s == kEmpty) {
       slot[row] = kPending;
       misses.push_back(row);
-      if (lfu) ++freq[row];
+      if (lfu && freq[row] < kFrequencyMax) ++freq[row];
     }
   }
   std::sort(misses.begin(), misses.end());
