@@ -14,7 +14,7 @@
 3. exactness: 2 ranks, a cached SSD table and a cached DDR table, rows and optimizer state
    after N steps against the same tables trained in memory (dlrm_scale.training.state).
 
-    python benchmarks/tiering_bench.py [--repeats 3] [--steps 200] [--parts curves,speed,direct,exact]
+    python benchmarks/tiering_bench.py [--repeats 3] [--steps 200] [--parts curves,speed,direct,exact] [--variants 4x,10x_lfu]
 
 Writes benchmarks/results/tiering.json and prints Markdown tables for the README.
 """
@@ -210,10 +210,10 @@ def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
             "overhead_bytes_per_row": overhead / rows}
 
 
-def speed(steps: int, repeats: int) -> dict:
+def speed(steps: int, repeats: int, variants: tuple = VARIANTS) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tiering_bench_"))
     kinds: dict[str, tuple[Path, Path]] = {}  # kind -> (config, plan)
-    for name, zipf, policy, factor in VARIANTS:
+    for name, zipf, policy, factor in variants:
         config = variant_config(work, name, zipf, policy, factor)
         plan_path = work / f"{name}.json"
         subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", str(config), "--out", str(plan_path)], cwd=ROOT, check=True,
@@ -236,12 +236,12 @@ def speed(steps: int, repeats: int) -> dict:
     def median(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[kind])
 
-    variants = {}
-    for name, zipf, policy, factor in VARIANTS:
+    measured = {}
+    for name, zipf, policy, factor in variants:
         plan = Plan.load(kinds[name][1])
         memory = f"memory_zipf{zipf}"
         ratios = [t["samples_per_s"] / m["samples_per_s"] for t, m in zip(runs[name], runs[memory])]  # same round
-        variants[name] = {
+        measured[name] = {
             "zipf": zipf, "policy": policy, "cache_load_factor": factor,
             "plan": sorted({f"{t.compute_kernel}/{t.shards[0].tier}/{t.cache_load_factor}" for t in plan.tables.values()}),
             "tiered_samples_per_s": median(name, "samples_per_s"), "in_memory_samples_per_s": median(memory, "samples_per_s"),
@@ -253,9 +253,10 @@ def speed(steps: int, repeats: int) -> dict:
             "cache_ms_measured": statistics.median(measured_cache_ms(t, m) for t, m in zip(runs[name], runs[memory])),
             "cache_ms_predicted": predicted_cache_ms(kinds[name][0], kinds[name][1], kinds[memory][1]),
         }
-        variants[name]["cache_ms_error"] = variants[name]["cache_ms_predicted"] / variants[name]["cache_ms_measured"] - 1
-        variants[name].update(resident_overhead(plan, variants[name]["rss_tiered_bytes"], variants[name]["rss_in_memory_bytes"]))
-    return {"steps": steps, "repeats": repeats, "variants": variants, "runs": runs}
+        measured[name]["cache_ms_error"] = measured[name]["cache_ms_predicted"] / measured[name]["cache_ms_measured"] - 1
+        measured[name]["runs"] = {"tiered": runs[name], "in_memory": runs[memory]}  # round by round
+        measured[name].update(resident_overhead(plan, measured[name]["rss_tiered_bytes"], measured[name]["rss_in_memory_bytes"]))
+    return {"steps": steps, "repeats": repeats, "variants": measured}
 
 
 def direct_io(steps: int) -> dict:
@@ -292,6 +293,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--variants", help="comma-separated speed variants to re-measure (default: all)")
     ap.add_argument("--parts", default="curves,speed,direct,exact")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
@@ -300,7 +302,14 @@ def main() -> int:
     if "curves" in parts:
         results["curves"] = curves()
     if "speed" in parts:
-        results["speed"] = speed(args.steps, args.repeats)
+        chosen = tuple(v for v in VARIANTS if args.variants is None or v[0] in args.variants.split(","))
+        if not chosen:
+            ap.error(f"--variants names none of {', '.join(v[0] for v in VARIANTS)}")
+        fresh = speed(args.steps, args.repeats, chosen)
+        if args.variants is None or "speed" not in results:
+            results["speed"] = fresh
+        else:  # re-measured variants replace theirs, each with the in-memory runs it was measured against
+            results["speed"]["variants"].update(fresh["variants"])
     if "direct" in parts:
         results["direct"] = direct_io(max(20, args.steps // 2))
     if "exact" in parts:

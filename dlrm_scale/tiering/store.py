@@ -8,9 +8,11 @@ start in a base file; written-back rows are appended to a log file and an index 
 where each row's newest record is. Writing rows in place would dirty a 4 KiB page per
 260-byte row, and the kernel then throttles the trainer to the disk's random-write speed;
 appending dirties only the bytes written, sequentially. When the log is full its newest
-records are folded into the base file (compaction). Both files are memory-mapped; pages the
-store touched are handed back to the kernel after each batch (`release`), so they sit in the
-page cache, not in the trainer's resident memory.
+records are folded into the base file (compaction). The compiled cache pass reads and writes
+the files with pread/pwrite (`backing`), optionally O_DIRECT, so a batch maps no page; bulk work
+(initialisation, compaction, checkpoints) and the torch fallback go through memory mappings
+whose pages are handed back to the kernel afterwards (`release`): they sit in the page cache,
+not in the trainer's resident memory.
 """
 
 from __future__ import annotations

@@ -315,11 +315,17 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   moves.clear();
   const int64_t num_misses = static_cast<int64_t>(misses.size());
   for (int64_t m = 0; m < num_misses; ++m) {
-    if (m + kAhead < num_misses) {  // the set's tags and clocks, a few lines each
-      const int64_t ahead = set_of(misses[m + kAhead], sets) * ways;
+    if (m + 2 * kAhead < num_misses) {  // the set's tags and clocks, a few lines each
+      const int64_t ahead = set_of(misses[m + 2 * kAhead], sets) * ways;
       for (int64_t line = 0; line < ways; line += 8) {
         __builtin_prefetch(tag + ahead + line, 1);
         __builtin_prefetch(used + ahead + line, 1);
+      }
+    }
+    if (lfu && m + kAhead < num_misses) {  // then, their tags arrived, the ways' request counts
+      const int64_t* ahead = tag + set_of(misses[m + kAhead], sets) * ways;
+      for (int64_t w = 0; w < ways; ++w) {
+        if (ahead[w] >= 0 && ahead[w] < num_rows) __builtin_prefetch(freq + ahead[w]);
       }
     }
     const int64_t row = misses[m];
