@@ -337,12 +337,18 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
     return samples
 
 
-def _store_samples_on_rank(rank: int, world: int, directory: str) -> list[dict]:
-    """store_miss_samples on every rank at once, as a job's ranks share the machine's memory
-    and disk; per dim, the slowest rank's sample."""
+def store_samples_on_ranks(directory: Path, nproc: int, rows: int = 1_000_000) -> list[dict]:
+    """store_miss_samples on `nproc` processes at once, as a job's ranks share the machine's
+    memory and disk; per dim, the slowest rank's sample."""
+    from dlrm_scale.tools.launch import run_on_ranks
+
+    return run_on_ranks(_store_samples_on_rank, nproc, str(directory), rows)
+
+
+def _store_samples_on_rank(rank: int, world: int, directory: str, rows: int) -> list[dict]:
     import torch.distributed as dist
 
-    mine = store_miss_samples(Path(directory))
+    mine = store_miss_samples(Path(directory), rows=rows)
     every: list[list[dict] | None] = [None] * world
     dist.all_gather_object(every, mine)
     return [max((ranks[i] for ranks in every), key=lambda s: s["seconds"]) for i in range(len(mine))]
@@ -427,7 +433,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         progress.update(1)
         update_ns = replica_update_ns(cfg)
         progress.update(1)
-        store = run_on_ranks(_store_samples_on_rank, cfg.nproc, str(out.parent))
+        store = store_samples_on_ranks(out.parent, cfg.nproc)
         progress.update(1)
         kernels, kernel_times = choose_cpu_kernels()
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
