@@ -1,8 +1,9 @@
 """dlrm_scale's CPU kernels (csrc/): the row-wise Adagrad embedding backward, the dot
-interaction and the row cache's per-batch pass, compiled by torch's cpp_extension into one extension on first use (~40 s) inside
-the virtual environment, and reused while the sources are unchanged. `make venv` builds it, so
-that jobs and tests do not race to. Without a compiler, training goes on with FBGEMM's and
-TorchRec's own kernels after one warning line.
+interaction and the row cache's per-batch pass, compiled by torch's cpp_extension into one
+extension on first use (~40 s) inside the virtual environment, and reused while the sources are
+unchanged. `make venv` builds it, so that jobs and tests do not race to. Without a compiler,
+training goes on with FBGEMM's and TorchRec's own kernels and the row cache's torch ops, after
+one warning line.
 """
 
 from __future__ import annotations
