@@ -40,10 +40,12 @@ sys.path.insert(0, str(ROOT))
 
 from dlrm_scale.tiering.cache import SetAssociativeCache  # noqa: E402
 from planner.access_stats import trace_access, zipf_access  # noqa: E402
+from planner.cost_model import rows_bytes  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "tiering.json"
 CONFIG = "configs/bench_tiered.yaml"
+OPTIMIZER = "rowwise_adagrad"  # bench_tiered.yaml's
 FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 
 
@@ -99,12 +101,12 @@ VARIANTS = (
     ("4x_zipf0.8", 0.8, "lru", 0.25), ("10x_zipf0.8", 0.8, "lru", 0.1),
 )
 DIRECT = ("10x_direct", 1.05, "lru", 0.1)  # O_DIRECT: disk speed, a short run
-DDR_GIB_PER_ROW_BYTE = 1.05 / 0.25 / 4.16e9  # bench_tiered.yaml's fast memory per byte of cache at 4x
+DDR_GIB_PER_LOAD_FACTOR = 1.05 / 0.25  # bench_tiered.yaml: 1.05 GiB of fast memory for caches of 25%
 
 
 def variant_config(work: Path, name: str, zipf: float, policy: str, load_factor: float) -> Path:
     text = Path(ROOT, CONFIG).read_text()
-    ddr_gib = 4.16e9 * load_factor * DDR_GIB_PER_ROW_BYTE
+    ddr_gib = load_factor * DDR_GIB_PER_LOAD_FACTOR
     text = (text.replace("zipf_exponent: 1.05", f"zipf_exponent: {zipf}").replace("policy: lru", f"policy: {policy}")
             .replace("load_factors: [0.25]", f"load_factors: [{load_factor}]").replace("ddr_gib_per_node: 1.05", f"ddr_gib_per_node: {ddr_gib:.3f}"))
     path = work / f"{name}.yaml"
@@ -202,9 +204,10 @@ def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
     """Resident memory tiering adds beyond its caches, per rank and per row the rank's stores
     hold: the tiered run's RSS less its cache rows, against the in-memory run's less its rows
     (both keep the same model, TorchRec and buffers)."""
-    rows = sum(s.rows for t in plan.tables.values() for s in t.shards) / plan.world_size
-    row_bytes = sum(s.rows * s.cols * 4 + s.rows * 4 for t in plan.tables.values() for s in t.shards) / plan.world_size
-    cache_bytes = sum(s.cache_rows * s.cols * 4 + s.cache_rows * 4 for t in plan.tables.values() for s in t.shards) / plan.world_size
+    shards = [s for t in plan.tables.values() for s in t.shards]
+    rows = sum(s.rows for s in shards) / plan.world_size
+    row_bytes = sum(rows_bytes(s.rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
+    cache_bytes = sum(rows_bytes(s.cache_rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
     overhead = (rss_tiered - cache_bytes) - (rss_in_memory - row_bytes)
     return {"rows_per_rank": rows, "cache_bytes_per_rank": cache_bytes, "overhead_bytes_per_rank": overhead,
             "overhead_bytes_per_row": overhead / rows}
