@@ -29,18 +29,43 @@ class Colocated:
 
     options_by_table: dict[str, list[ShardingOption]]
     rules: RankRules
-    members: dict[int, tuple[tuple[str, ShardingOption], ...]]  # id(group option) -> each member's option
+    groups: dict[str, tuple[str, ...]]  # group name -> its tables
+    # id(group option) -> (the option, each member's option); the option is held so its id stays its own
+    members: dict[int, tuple[ShardingOption, tuple[tuple[str, ShardingOption], ...]]]
+
+    def tables_of(self, name: str) -> tuple[str, ...]:
+        """The real tables behind a name of the search: a group's members, or the table itself."""
+        return self.groups.get(name, (name,))
+
+    def members_of(self, name: str, option: ShardingOption) -> tuple[tuple[str, ShardingOption], ...]:
+        entry = self.members.get(id(option))
+        return entry[1] if entry is not None else ((name, option),)
+
+    def combine(self, name: str, combo: tuple[tuple[str, ShardingOption], ...]) -> ShardingOption:
+        """Group `name`'s option of these member options (each whole, on one rank), on the front or not."""
+        option = _combined(name, combo)
+        self.members[id(option)] = (option, combo)
+        return option
 
     def expand(self, assignment: Assignment) -> Assignment:
         """The assignment of the real tables: each member on its group's rank."""
         out = Assignment()
         for table, option in assignment.choice.items():
-            members = self.members.get(id(option))
-            if members is None:
-                out.choice[table], out.shard_ranks[table] = option, list(assignment.shard_ranks[table])
-                continue
-            for name, member in members:
+            for name, member in self.members_of(table, option):
                 out.choice[name], out.shard_ranks[name] = member, list(assignment.shard_ranks[table])
+        return out
+
+    def grouped(self, assignment: Assignment) -> Assignment:
+        """The search's view of an assignment of the real tables whose groups' members each
+        sit whole on one rank: each group one table."""
+        out = Assignment()
+        in_group = {t for tables in self.groups.values() for t in tables}
+        for table, option in assignment.choice.items():
+            if table not in in_group:
+                out.choice[table], out.shard_ranks[table] = option, list(assignment.shard_ranks[table])
+        for name, tables in self.groups.items():
+            out.choice[name] = self.combine(name, tuple((t, assignment.choice[t]) for t in tables))
+            out.shard_ranks[name] = list(assignment.shard_ranks[tables[0]])
         return out
 
 
@@ -60,14 +85,14 @@ def colocate(options_by_table: Mapping[str, Sequence[ShardingOption]], groups: S
         name = group_name(group)
         combos = _front([[(t, o) for o in options_by_table[t]] for t in group.tables])
         out[name] = [_combined(name, combo) for combo in combos]
-        members.update({id(option): combo for option, combo in zip(out[name], combos)})
+        members.update({id(option): (option, combo) for option, combo in zip(out[name], combos)})
         pins = [rules.allowed[t] for t in group.tables if t in rules.allowed]
         if pins:
             allowed[name] = frozenset.intersection(*pins)
         ids = sorted({g for t in group.tables for g in rules.apart.get(t, ())})
         if ids:
             apart[name] = tuple(ids)
-    return Colocated(out, RankRules(allowed, apart), members)
+    return Colocated(out, RankRules(allowed, apart), {group_name(g): tuple(g.tables) for g in groups}, members)
 
 
 def _cost(combo) -> tuple[float, np.ndarray]:

@@ -24,7 +24,8 @@ them already (a linear assignment, OR-Tools), never raising its busiest rank or 
 Bytes moved are `planner.diff.moved_bytes` (what arrives at each rank, weights plus optimizer
 state), summed within and across nodes. Without a budget, the result is the front of (bytes
 moved, busiest rank) over a ladder of budgets, with the unconstrained plan at its end.
-Co-located groups are not taken yet (refused in one line).
+Co-located groups are replanned as the search sees them, each group one table
+(`planner.colocation`): its members stay, move and are counted together, on one rank.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from ortools.graph.python import linear_sum_assignment
 
 from planner.assignment import Assignment, RankLoads, rank_capacities
 from planner.candidates import enumerate_options
+from planner.colocation import Colocated, colocate
 from planner.cost_model import AnalyticCostModel, CostModel, rows_bytes
 from planner.diff import arrivals, moved_bytes, shared_block
-from planner.errors import ConfigError, InfeasiblePlanError
+from planner.errors import InfeasiblePlanError
 from planner.greedy import place_one
 from planner.placement_rules import Occupancy, RankRules
 from planner.plan import Plan, TablePlan
@@ -80,26 +82,28 @@ def model_bytes(plan: Plan, optimizer: str) -> int:
 
 
 class _Moves:
-    """The replan in progress: each table's option and ranks, the bytes each table's change
-    moves, the ranks' loads."""
+    """The replan in progress, over the search's tables (each co-located group one): each
+    one's option and ranks, the bytes each one's change moves, the ranks' loads."""
 
-    def __init__(self, problem: PlanningProblem, old: Plan, options: dict[str, list[ShardingOption]], rules: RankRules) -> None:
-        self.problem, self.old, self.options = problem, old, options
+    def __init__(self, problem: PlanningProblem, old: Plan, table_options: dict[str, list[ShardingOption]], search: Colocated) -> None:
+        self.problem, self.old, self.search = problem, old, search
+        self.table_options = table_options  # of the real tables
+        self.options, self.rules = search.options_by_table, search.rules
         self.specs = {t.name: t for t in problem.tables}
         self.cluster = problem.cluster
         self.caps = rank_capacities(problem.cluster)
-        self.rules = rules
         self.assignment = Assignment()
         self.moved: dict[str, int] = {}
         self.loads = RankLoads.empty(problem.cluster.world_size)
 
+    def layouts(self, table: str, option: ShardingOption, ranks: list[int]) -> list[tuple[str, TablePlan]]:
+        """How the plan would write each real table behind `table`."""
+        return [(name, option_layout(member, ranks, self.specs[name])) for name, member in self.search.members_of(table, option)]
+
     def bytes_for(self, table: str, option: ShardingOption, ranks: list[int]) -> int:
-        before = self.old.tables.get(table)
-        if before is None:
-            return 0
-        layout = option_layout(option, ranks, self.specs[table])
-        return sum(moved_bytes(before, layout, self.old.ranks_per_node, self.cluster.ranks_per_node,
-                               self.problem.training.embedding_optimizer))
+        return sum(sum(moved_bytes(self.old.tables[name], layout, self.old.ranks_per_node, self.cluster.ranks_per_node,
+                                   self.problem.training.embedding_optimizer))
+                   for name, layout in self.layouts(table, option, ranks) if name in self.old.tables)
 
     def set(self, table: str, option: ShardingOption, ranks: list[int]) -> None:
         if table in self.assignment.choice:
@@ -158,9 +162,9 @@ def align(free: Assignment, moves: _Moves) -> Assignment:
                 continue
             cost = 0
             for t, i in block:
-                if t in moves.old.tables:
-                    shard = option_layout(free.choice[t], [b] * len(free.choice[t].shards), moves.specs[t]).shards[i]
-                    cost += sum(arrivals(shard, moves.old.tables[t], old_local, local, optimizer)) // 1024
+                for name, layout in moves.layouts(t, free.choice[t], [b] * len(free.choice[t].shards)):
+                    if name in moves.old.tables:
+                        cost += sum(arrivals(layout.shards[i], moves.old.tables[name], old_local, local, optimizer)) // 1024
             solver.add_arc_with_cost(a, b, cost)
     if solver.solve() != solver.OPTIMAL:
         return free
@@ -179,18 +183,19 @@ def align(free: Assignment, moves: _Moves) -> Assignment:
 
 def in_place(option: ShardingOption, table: str, moves: _Moves, others: RankLoads, admits) -> list[int] | None:
     """Ranks for a free-placed `option` with each shard on the old rank holding most of its
-    rows (one shard per old rank) where it fits, the rest onto the least-loaded ranks with room."""
-    before = moves.old.tables.get(table)
-    if before is None or option.placement is not Placement.ANY_RANK:
+    elements (one shard per old rank) where it fits, the rest onto the least-loaded ranks with room."""
+    layouts = [(moves.old.tables[name], layout) for name, layout in moves.layouts(table, option, [0] * len(option.shards))
+               if name in moves.old.tables]
+    if not layouts or option.placement is not Placement.ANY_RANK:
         return None
-    layout = option_layout(option, [0] * len(option.shards), moves.specs[table])
     used, ms = others.bytes.copy(), others.ms.copy()
     ranks = []
-    for i, shard in enumerate(layout.shards):
+    for i in range(len(option.shards)):
         overlap = {}
-        for source in before.shards:
-            rows, cols = shared_block(shard, source)
-            overlap[source.rank] = overlap.get(source.rank, 0) + rows * cols
+        for before, layout in layouts:
+            for source in before.shards:
+                rows, cols = shared_block(layout.shards[i], source)
+                overlap[source.rank] = overlap.get(source.rank, 0) + rows * cols
         claimed = [r for r in sorted(overlap, key=lambda r: -overlap[r]) if r not in ranks]  # one shard stays per old rank
         order = claimed[:1] + sorted(range(len(ms)), key=lambda r: (ms[r], r))
         rank = next((r for r in order if r < len(ms) and admits(r) and np.all(used[r] + option.shard_bytes[i] <= moves.caps)), None)
@@ -203,21 +208,30 @@ def in_place(option: ShardingOption, table: str, moves: _Moves, others: RankLoad
 
 
 def _kept(moves: _Moves, table: str) -> tuple[ShardingOption, list[int]] | None:
-    """The option that lays `table` out exactly as the old plan did, if any."""
-    before: TablePlan | None = moves.old.tables.get(table)
-    if before is None or any(r >= moves.cluster.world_size or not moves.rules.may_use(table, r) for r in before.ranks):
+    """The option that lays `table` out exactly as the old plan did, if any; for a group,
+    its members' such options, if the old plan had them all whole on one rank."""
+    kept = []
+    for name in moves.search.tables_of(table):
+        before: TablePlan | None = moves.old.tables.get(name)
+        if before is None or any(r >= moves.cluster.world_size or not moves.rules.may_use(table, r) for r in before.ranks):
+            return None
+        option = next((o for o in moves.table_options[name]
+                       if len(o.shards) == len(before.shards) and option_layout(o, before.ranks, moves.specs[name]) == before), None)
+        if option is None:
+            return None
+        kept.append((name, option, before.ranks))
+    if len(kept) == 1:
+        return kept[0][1], kept[0][2]
+    if len({tuple(ranks) for _, _, ranks in kept}) != 1 or len(kept[0][2]) != 1:
         return None
-    for option in moves.options[table]:
-        if len(option.shards) == len(before.shards) and option_layout(option, before.ranks, moves.specs[table]) == before:
-            return option, before.ranks
-    return None
+    return moves.search.combine(table, tuple((name, option) for name, option, _ in kept)), kept[0][2]
 
 
 def stay(moves: _Moves) -> None:
     """Each table where the old plan had it, if it can be; the others laid out to move the
     fewest bytes (then to keep the busiest rank lowest)."""
     placed_later = []
-    for table in moves.specs:
+    for table in moves.options:
         kept = _kept(moves, table)
         if kept is not None:
             moves.set(table, *kept)
@@ -287,24 +301,30 @@ def movable(base: _Moves, budget_bytes: float) -> set[str]:
     old ones smallest first while their bytes (a copy per rank a data-parallel table gains)
     add up within the budget; the rest keep their stay layout."""
     optimizer, world = base.problem.training.embedding_optimizer, base.cluster.world_size
-    free = {t for t in base.specs if t not in base.old.tables}
-    sizes = {t: rows_bytes(base.specs[t].num_embeddings, base.specs[t].embedding_dim, optimizer) for t in base.specs if t not in free}
+    free, sizes, worst = set(), {}, {}
+    for table in base.options:
+        old = [n for n in base.search.tables_of(table) if n in base.old.tables]
+        if not old:
+            free.add(table)
+            continue
+        size = {n: rows_bytes(base.specs[n].num_embeddings, base.specs[n].embedding_dim, optimizer) for n in old}
+        sizes[table] = sum(size.values())
+        worst[table] = sum(b * (world if base.old.tables[n].sharding_type == "data_parallel" else 1) for n, b in size.items())
     spent = 0.0
     for table in sorted(sizes, key=lambda t: (sizes[t], t)):
-        worst = sizes[table] * (world if base.old.tables[table].sharding_type == "data_parallel" else 1)
-        if spent + worst > budget_bytes:
+        if spent + worst[table] > budget_bytes:
             break
         free.add(table)
-        spent += worst
+        spent += worst[table]
     return free
 
 
 def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: float) -> Assignment:
     """The planner's search with every table outside `free_tables` held to its stay layout
     (its one option, pinned to its ranks), then relabelled to move the fewest bytes."""
-    options = {t: base.options[t] if t in free_tables else [base.assignment.choice[t]] for t in base.specs}
+    options = {t: base.options[t] if t in free_tables else [base.assignment.choice[t]] for t in base.options}
     allowed = dict(base.rules.allowed)
-    for t in base.specs:
+    for t in base.options:
         if t not in free_tables:
             allowed[t] = frozenset(base.assignment.shard_ranks[t]) & allowed.get(t, frozenset(range(base.cluster.world_size)))
     rules = RankRules(allowed, base.rules.apart)
@@ -320,19 +340,18 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     start = time.monotonic()
     config = config or SolverConfig()
     constraints = problem.constraints
-    if constraints is not None and constraints.colocate:
-        raise ConfigError("plan --from does not take constraints.colocate yet; drop the groups or plan without --from")
     cost_model = cost_model or AnalyticCostModel(problem.cluster, problem.training)
     free_plan = make_plan(problem, cost_model, config)
     options = enumerate_options(problem, cost_model)
     rules = constraints.rank_rules([t.name for t in problem.tables]) if constraints is not None else RankRules()
-    base = _Moves(problem, old, options, rules)
+    search = colocate(options, constraints.colocate if constraints is not None else (), rules)
+    base = _Moves(problem, old, options, search)
     free = Assignment()
     for name, t in free_plan.tables.items():
         option = next(o for o in options[name] if option_layout(o, t.ranks, base.specs[name]) == t)
         free.choice[name], free.shard_ranks[name] = option, t.ranks
-    free = align(free, base)
-    free_plan = plan_from_solution(Solution(free, free_plan.max_rank_ms, free_plan.lower_bound_ms, free_plan.solver,
+    free = align(search.grouped(free), base)
+    free_plan = plan_from_solution(Solution(search.expand(free), free_plan.max_rank_ms, free_plan.lower_bound_ms, free_plan.solver,
                                             free_plan.solve_seconds), problem, cost_model.name)
     stay(base)
     optimizer = problem.training.embedding_optimizer
@@ -347,7 +366,7 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     points = []
     seconds = max(0.5, config.time_limit_s / len(budgets))
     for budget in budgets:
-        moves = _Moves(problem, old, options, rules)
+        moves = _Moves(problem, old, options, search)
         free_tables = movable(base, budget)
         searched = keeping(base, free_tables, config, seconds) if free_tables else base.assignment
         for table, option in searched.choice.items():
@@ -357,7 +376,7 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
             for table, option in base.assignment.choice.items():
                 moves.set(table, option, base.assignment.shard_ranks[table])
         improve(moves, budget, free, max_steps=20 * len(problem.tables))
-        solution = Solution(moves.assignment, float(moves.loads.ms.max()), free_plan.lower_bound_ms, "replan", time.monotonic() - start)
+        solution = Solution(search.expand(moves.assignment), float(moves.loads.ms.max()), free_plan.lower_bound_ms, "replan", time.monotonic() - start)
         points.append(Replanned(plan_from_solution(solution, problem, cost_model.name), moves.total_moved(), int(budget)))
     free_point = Replanned(free_plan, free_moved, None)
     if max_move_bytes is None or free_moved <= max_move_bytes:

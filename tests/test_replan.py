@@ -91,3 +91,29 @@ def test_plan_from_writes_the_front_and_refuses_bad_flags(tmp_path):
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         if line:
             assert bad.stderr.strip() == line
+
+
+def together(plan, names):
+    return len({tuple(plan.tables[n].ranks) for n in names}) == 1 and len(plan.tables[names[0]].ranks) == 1 \
+        and {plan.tables[n].sharding_type for n in names} == {"table_wise"}
+
+
+def test_colocated_groups_stay_move_and_are_counted_together():
+    group = {"colocate": [["t1", "t4"]]}
+    old = make_plan(constrain(problem_on(2), group), config=FAST)
+    assert together(old, ["t1", "t4"])
+    front = replan(constrain(problem_on(4), group), old, config=FAST)
+    assert front.points[0].moved_bytes == 0 and front.points[0].plan.tables == old.tables  # the group stayed whole
+    for p in front.points:
+        assert together(p.plan, ["t1", "t4"])
+        assert p.moved_bytes == moved(old, p.plan)
+        assert p.budget_bytes is None or p.moved_bytes <= p.budget_bytes
+    assert front.points[-1].plan.max_rank_ms < front.points[0].plan.max_rank_ms
+    # a group the old plan had apart must come together: it cannot move nothing, and moves once
+    apart = make_plan(constrain(problem_on(4), {"apart": [["t1", "t4"]]}), config=FAST)
+    grouped = constrain(problem_on(4), group)
+    with pytest.raises(InfeasiblePlanError, match="the new plan moves at least"):
+        replan(grouped, apart, config=FAST, max_move_bytes=0)
+    joined = replan(grouped, apart, config=FAST)
+    assert all(together(p.plan, ["t1", "t4"]) for p in joined.points)
+    assert all(p.moved_bytes == moved(apart, p.plan) > 0 for p in joined.points)
