@@ -8,13 +8,15 @@
 2. speed: configs/bench_tiered.yaml (4.2 GB of rows and optimizer state) with fast memory
    1/4 and 1/10 of it, Zipf 1.05 and 0.8, LRU and LFU, each planned by our planner (rows on
    SSD behind 25% or 10% caches); trained on 2 gloo ranks, every variant and the same plans
-   all in memory run once per round, rounds repeated. Samples/s: medians over the runs of
-   each run's steady windows; ratios per round. Then one short run reading with O_DIRECT
-   (disk speed), and the disk's own O_DIRECT read speed beside it.
+   all in memory run once per round, rounds repeated; the SSD store read as the hardware
+   profile's `cpu_kernels.store_io` says (calibrate's choice; `--store-io` for the other).
+   Samples/s: medians over the runs of each run's steady windows; ratios per round. Then one
+   short run reading with O_DIRECT (disk speed), and the disk's own O_DIRECT read speed beside it.
 3. exactness: 2 ranks, a cached SSD table and a cached DDR table, rows and optimizer state
    after N steps against the same tables trained in memory (dlrm_scale.training.state).
 
     python benchmarks/tiering_bench.py [--repeats 3] [--steps 200] [--parts curves,speed,direct,exact] [--variants 4x,10x_lfu]
+                                       [--store-io pread|mapped]
 
 Writes benchmarks/results/tiering.json and prints Markdown tables for the README.
 """
@@ -114,11 +116,13 @@ def variant_config(work: Path, name: str, zipf: float, policy: str, load_factor:
     return path
 
 
-def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str = "page_cache") -> dict:
+def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str | None = None) -> dict:
+    """One 2-rank run; the store read as `store_io` says (None: as the hardware profile's
+    cpu_kernels says, the trainer's default)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
                "--config", str(config), "--plan", str(plan), "--steps", str(steps), "--out-dir", out, "--store-dir", str(store_dir),
-               "--store-io", store_io]
+               *(["--store-io", store_io] if store_io else [])]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0:
             raise RuntimeError(f"training failed: {proc.stderr[-2000:]}")
@@ -202,8 +206,9 @@ def measured_cache_ms(tiered: dict, memory: dict) -> float:
 
 def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
     """Resident memory tiering adds beyond its caches, per rank and per row the rank's stores
-    hold: the tiered run's RSS less its cache rows, against the in-memory run's less its rows
-    (both keep the same model, TorchRec and buffers)."""
+    hold: the tiered run's anonymous RSS less its cache rows, against the in-memory run's less
+    its rows (both keep the same model, TorchRec and buffers). Anonymous: a mapped store's file
+    pages are the page cache's, which the pread store uses as much without mapping it."""
     shards = [s for t in plan.tables.values() for s in t.shards]
     rows = sum(s.rows for s in shards) / plan.world_size
     row_bytes = sum(rows_bytes(s.rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
@@ -213,7 +218,7 @@ def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
             "overhead_bytes_per_row": overhead / rows}
 
 
-def speed(steps: int, repeats: int, variants: tuple = VARIANTS) -> dict:
+def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tiering_bench_"))
     kinds: dict[str, tuple[Path, Path]] = {}  # kind -> (config, plan)
     for name, zipf, policy, factor in variants:
@@ -231,7 +236,7 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS) -> dict:
     runs: dict[str, list[dict]] = {k: [] for k in kinds}
     for _ in range(repeats):
         for kind in runs:  # alternated: each round runs every kind once
-            r = train(*kinds[kind], steps, store)
+            r = train(*kinds[kind], steps, store, store_io)
             runs[kind].append(r)
             print(kind, json.dumps(r), flush=True)
             for f in store.iterdir():
@@ -253,13 +258,23 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS) -> dict:
             "cache_install_ms_per_step": median(name, "cache_install_ms_per_step"),
             "tiering_phase_ms": statistics.median(r["phase_ms"]["tiering"] for r in runs[name]),
             "rss_tiered_bytes": max(r["rss_bytes"] for r in runs[name]), "rss_in_memory_bytes": max(r["rss_bytes"] for r in runs[memory]),
+            "rss_anon_tiered_bytes": max(r["rss_anon_bytes"] for r in runs[name]),
+            "rss_anon_in_memory_bytes": max(r["rss_anon_bytes"] for r in runs[memory]),
             "cache_ms_measured": statistics.median(measured_cache_ms(t, m) for t, m in zip(runs[name], runs[memory])),
             "cache_ms_predicted": predicted_cache_ms(kinds[name][0], kinds[name][1], kinds[memory][1]),
         }
         measured[name]["cache_ms_error"] = measured[name]["cache_ms_predicted"] / measured[name]["cache_ms_measured"] - 1
         measured[name]["runs"] = {"tiered": runs[name], "in_memory": runs[memory]}  # round by round
-        measured[name].update(resident_overhead(plan, measured[name]["rss_tiered_bytes"], measured[name]["rss_in_memory_bytes"]))
-    return {"steps": steps, "repeats": repeats, "variants": measured}
+        measured[name].update(resident_overhead(plan, measured[name]["rss_anon_tiered_bytes"], measured[name]["rss_anon_in_memory_bytes"]))
+    return {"steps": steps, "repeats": repeats, "store_io": store_io or profile_store_io(), "variants": measured}
+
+
+def profile_store_io() -> str:
+    """How the trainer reads the SSD store by default here: the hardware profile's choice."""
+    from dlrm_scale.run_config import DEFAULT_HARDWARE, measured_cpu_kernels
+    from planner.config import read_yaml
+
+    return measured_cpu_kernels(read_yaml(Path(ROOT, CONFIG), "config").get("hardware", DEFAULT_HARDWARE))["store_io"]
 
 
 def direct_io(steps: int) -> dict:
@@ -298,6 +313,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--variants", help="comma-separated speed variants to re-measure (default: all)")
     ap.add_argument("--parts", default="curves,speed,direct,exact")
+    ap.add_argument("--store-io", choices=("pread", "mapped"), help="how the speed runs read the store (default: the profile's choice)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -308,8 +324,8 @@ def main() -> int:
         chosen = tuple(v for v in VARIANTS if args.variants is None or v[0] in args.variants.split(","))
         if not chosen:
             ap.error(f"--variants names none of {', '.join(v[0] for v in VARIANTS)}")
-        fresh = speed(args.steps, args.repeats, chosen)
-        if args.variants is None or "speed" not in results:
+        fresh = speed(args.steps, args.repeats, chosen, args.store_io)
+        if args.variants is None or "speed" not in results or results["speed"].get("store_io") != fresh["store_io"]:
             results["speed"] = fresh
         else:  # re-measured variants replace theirs, each with the in-memory runs it was measured against
             results["speed"]["variants"].update(fresh["variants"])

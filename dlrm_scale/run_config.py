@@ -27,10 +27,14 @@ DENSE_OPTIMIZERS = ("adagrad", "sgd")
 # fbgemm: FBGEMM's kernel and plain pages, as TorchRec runs it.
 CPU_EMBEDDINGS = ("dlrm_scale", "fbgemm")
 INTERACTIONS = ("dlrm_scale", "torchrec")  # DLRM's dot interaction: ours (kernels.interaction) or TorchRec's
-STORE_IO = ("page_cache", "direct")  # the SSD store's reads: through the page cache, or O_DIRECT from the device
-CPU_KERNEL_CHOICES = {"embeddings": CPU_EMBEDDINGS, "interaction": INTERACTIONS}
-# Where a hardware profile has no measured choice: the kernels TorchRec runs.
-UNMEASURED_CPU_KERNELS = {"embeddings": "fbgemm", "interaction": "torchrec"}
+# The SSD store's reads: from the page cache with pread, or copied from the files kept mapped
+# (the same page cache without a system call a row; the mapped pages count in the trainer's
+# RSS), both measured by calibrate; or O_DIRECT from the device (figures of the disk itself).
+STORE_IO = ("pread", "mapped", "direct")
+CPU_KERNEL_CHOICES = {"embeddings": CPU_EMBEDDINGS, "interaction": INTERACTIONS, "store_io": ("pread", "mapped")}
+# Where a hardware profile has no measured choice: the kernels TorchRec runs, and pread (the
+# store's pages never count as the trainer's memory).
+UNMEASURED_CPU_KERNELS = {"embeddings": "fbgemm", "interaction": "torchrec", "store_io": "pread"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class TrainConfig:
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
-    store_io: str = "page_cache"  # one of STORE_IO: how the SSD store reads rows
+    store_io: str | None = None  # one of STORE_IO: how the SSD store reads rows (None: as cpu_kernels says)
     # batches made before the loop when the run's fit in this many MiB per rank (0: never), as a
     # reader of preprocessed data holds them; else made ahead by a worker thread, this many at a
     # time (0: inline, on the critical path)
@@ -96,7 +100,7 @@ class TrainConfig:
             raise ConfigError(f"train: cpu_embeddings {self.cpu_embeddings!r} is not one of {', '.join(CPU_EMBEDDINGS)}")
         if self.interaction is not None and self.interaction not in INTERACTIONS:
             raise ConfigError(f"train: interaction {self.interaction!r} is not one of {', '.join(INTERACTIONS)}")
-        if self.store_io not in STORE_IO:
+        if self.store_io is not None and self.store_io not in STORE_IO:
             raise ConfigError(f"train: store_io {self.store_io!r} is not one of {', '.join(STORE_IO)}")
         for name in ("prefetch_batches", "materialise_mib"):
             value = getattr(self, name)
@@ -247,10 +251,10 @@ def _train_config(doc: dict[str, Any], overrides: Overrides) -> TrainConfig:
     if isinstance(section, dict) and "batch_size" in section:
         raise ConfigError("config: train: batch_size has one home, training: {batch_size_per_rank: N}; move it there")
     config = replace(section_dataclass(doc, "train", TrainConfig, "config"), **overrides.train())
-    if config.cpu_embeddings is None or config.interaction is None:
+    if None in (config.cpu_embeddings, config.interaction, config.store_io):
         measured = measured_cpu_kernels(overrides.hardware or doc.get("hardware", DEFAULT_HARDWARE))
         config = replace(config, cpu_embeddings=config.cpu_embeddings or measured["embeddings"],
-                         interaction=config.interaction or measured["interaction"])
+                         interaction=config.interaction or measured["interaction"], store_io=config.store_io or measured["store_io"])
     return config
 
 
@@ -260,8 +264,9 @@ def measured_cpu_kernels(hardware: Any) -> dict[str, str]:
     path = hardware_path(str(hardware))
     measured = read_yaml(path, "hardware profile").get("cpu_kernels") or {}
     if not isinstance(measured, dict) or any(k not in CPU_KERNEL_CHOICES or v not in CPU_KERNEL_CHOICES[k] for k, v in measured.items()):
-        raise ConfigError(f"hardware profile {path}: cpu_kernels must map embeddings to one of {', '.join(CPU_EMBEDDINGS)} "
-                          f"and interaction to one of {', '.join(INTERACTIONS)}; re-run dlrm-scale calibrate --kernels-only")
+        raise ConfigError(f"hardware profile {path}: cpu_kernels must map embeddings to one of {', '.join(CPU_EMBEDDINGS)}, "
+                          f"interaction to one of {', '.join(INTERACTIONS)} and store_io to one of "
+                          f"{', '.join(CPU_KERNEL_CHOICES['store_io'])}; re-run dlrm-scale calibrate --kernels-only")
     return {**UNMEASURED_CPU_KERNELS, **measured}
 
 
@@ -290,7 +295,7 @@ def run_document(run: RunConfig) -> dict[str, Any]:
         "training": asdict(problem.training),
         "tiering": _as_section(problem.tiering),
         "model": _as_section(run.model),
-        "train": {"cpu_embeddings": run.train.cpu_embeddings, "interaction": run.train.interaction},
+        "train": {"cpu_embeddings": run.train.cpu_embeddings, "interaction": run.train.interaction, "store_io": run.train.store_io},
         "tables": tables,
     }
 

@@ -55,15 +55,23 @@ def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
 
 
 def test_store_miss_samples_time_real_misses(tmp_path):
-    from dlrm_scale.tools.calibrate import store_miss_samples
+    from dlrm_scale.tools.store_timing import store_miss_samples
 
     samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
     assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0  # uniform ids: nearly all miss
     assert not list(tmp_path.iterdir())  # its files are gone
 
 
+def test_the_store_is_timed_both_ways_it_reads_from_the_page_cache(tmp_path):
+    from dlrm_scale.tools.kernel_choice import time_store_reads
+
+    times = time_store_reads(tmp_path, repeats=2, rows=20_000, batches=2)
+    assert set(times) == {"pread", "mapped"} and all(len(t) == 2 and min(t) > 0 for t in times.values())
+    assert not list(tmp_path.iterdir())
+
+
 def test_store_samples_run_on_every_rank_at_once(tmp_path):
-    from dlrm_scale.tools.calibrate import store_samples_on_ranks
+    from dlrm_scale.tools.store_timing import store_samples_on_ranks
 
     samples = store_samples_on_ranks(tmp_path, 2, rows=20_000)
     assert [s["dim"] for s in samples] == [16, 128]

@@ -43,16 +43,17 @@ def test_kernels_come_from_the_profile_and_flags_override(tmp_path):
 
     def kernels(**flags):
         train = load_run_config(config, Overrides(**flags)).train
-        return train.cpu_embeddings, train.interaction
+        return train.cpu_embeddings, train.interaction, train.store_io
 
-    profile.write_text(base + "cpu_kernels: {embeddings: dlrm_scale, interaction: dlrm_scale}\n")
-    assert kernels() == ("dlrm_scale", "dlrm_scale")
-    assert kernels(interaction="torchrec", cpu_embeddings="fbgemm") == ("fbgemm", "torchrec")
-    profile.write_text(base)  # never measured: TorchRec's kernels
-    assert kernels() == ("fbgemm", "torchrec")
-    profile.write_text(base + "cpu_kernels: {interaction: mkl}\n")
-    with pytest.raises(ConfigError, match="cpu_kernels must map embeddings to one of"):
-        kernels()
+    profile.write_text(base + "cpu_kernels: {embeddings: dlrm_scale, interaction: dlrm_scale, store_io: mapped}\n")
+    assert kernels() == ("dlrm_scale", "dlrm_scale", "mapped")
+    assert kernels(interaction="torchrec", cpu_embeddings="fbgemm", store_io="direct") == ("fbgemm", "torchrec", "direct")
+    profile.write_text(base)  # never measured: TorchRec's kernels, and the store read with pread
+    assert kernels() == ("fbgemm", "torchrec", "pread")
+    for bad in ("{interaction: mkl}", "{store_io: direct}"):  # direct is the user's to choose, never measured
+        profile.write_text(base + f"cpu_kernels: {bad}\n")
+        with pytest.raises(ConfigError, match="cpu_kernels must map embeddings to one of"):
+            kernels()
 
 
 def test_prefetcher_keeps_order_and_ends():

@@ -70,8 +70,9 @@ def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction(c
 
 @both_passes
 @pytest.mark.parametrize("threaded", [False, True])
-def test_prefetched_rows_are_used_and_never_stale(threaded, compiled):
-    s, weights, _ = shard(cache_rows=256, reader=ThreadPoolExecutor(1) if threaded else None, compiled=compiled)
+def test_prefetched_rows_are_used_and_never_stale(tmp_path, threaded, compiled):
+    store = FileRowStore(1000, 4, 1, tmp_path / "t.f32")  # read with pread: read ahead with or without a thread
+    s, weights, _ = shard(cache_rows=256, reader=ThreadPoolExecutor(1) if threaded else None, compiled=compiled, store=store)
     first = torch.arange(0, 50)
     s.install(first, training=True)
     weights[s.cache.lookup(first)] += 100.0  # the batch updates its rows
@@ -83,6 +84,20 @@ def test_prefetched_rows_are_used_and_never_stale(threaded, compiled):
     assert torch.equal(weights[slots[25:], 0], torch.arange(50, 75).float())
 
 
+@pytest.mark.parametrize("kind", ["ddr", "ssd_mapped"])
+def test_rows_the_pass_copies_directly_are_read_ahead_only_in_the_background(tmp_path, kind):
+    for reader, ahead in ((None, 0), (ThreadPoolExecutor(1), 25)):
+        store = FileRowStore(1000, 4, 1, tmp_path / f"{ahead}.f32", io="mapped") if kind == "ssd_mapped" else None
+        s, weights, _ = shard(cache_rows=256, reader=reader, store=store)
+        assert s.store.addressable
+        s.install(torch.arange(0, 50), training=True)
+        weights[s.cache.lookup(torch.arange(0, 50))] += 100.0
+        s.prefetch(torch.arange(25, 75))
+        slots = s.install(torch.arange(25, 75), training=True)
+        assert s.counters.prefetched_rows == ahead and s.counters.loaded_rows == 75
+        assert torch.equal(weights[slots, 0], torch.arange(25, 75).float() + 100.0 * (torch.arange(25, 75) < 50))
+
+
 @both_passes
 def test_evaluation_batches_do_not_dirty_rows(compiled):
     s, _, _ = shard(cache_rows=256, compiled=compiled)
@@ -92,13 +107,13 @@ def test_evaluation_batches_do_not_dirty_rows(compiled):
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
-@pytest.mark.parametrize("kind", ["ddr", "ssd", "ssd_direct"])
+@pytest.mark.parametrize("kind", ["ddr", "ssd", "ssd_direct", "ssd_mapped"])
 def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path, policy, kind):
     """Same slots, index, dirty bits and counters after every batch, and the same records at the
     end, with overflowing sets, prefetches, evaluation batches and a log too small for a batch
-    (the compiled pass reading with O_DIRECT, or through the page cache)."""
+    (the compiled pass reading with O_DIRECT, through the page cache, or from the mappings)."""
     def make(compiled):
-        io = "direct" if kind == "ssd_direct" and compiled else "page_cache"
+        io = {"ssd_direct": "direct", "ssd_mapped": "mapped"}.get(kind, "pread") if compiled else "pread"
         store = FileRowStore(2000, 4, 1, tmp_path / f"{compiled}.f32", log_rows=40, io=io) if kind != "ddr" else None
         return shard(rows=2000, cache_rows=96, compiled=compiled, store=store, policy=policy)
 
@@ -122,7 +137,8 @@ def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path,
             assert (a is None and b is None) or torch.equal(a, b), name
         assert torch.equal(c.dirty, t.dirty) and c.cache.counters == t.cache.counters
         assert c.counters.loaded_rows == t.counters.loaded_rows and c.counters.written_back_rows == t.counters.written_back_rows
-        assert c.counters.prefetched_rows == t.counters.prefetched_rows
+        # a pass that copies from memory or a mapping reads nothing ahead (without a thread)
+        assert c.counters.prefetched_rows == (0 if c.store.addressable else t.counters.prefetched_rows)
         for w, m in ((cw, cm), (tw, tm)):  # "train" the batch's rows
             w[torch.unique(sc)] += 0.5
             m[torch.unique(sc)] += 1.0

@@ -30,6 +30,9 @@ def test_comm_precision_parsing():
 
 def test_cpu_kernel_choices_are_validated():
     assert TrainConfig().cpu_embeddings is None and TrainConfig().interaction is None  # the profile's measured choice
+    assert TrainConfig().store_io is None
+    with pytest.raises(ConfigError, match="store_io 'page_cache' is not one of pread, mapped, direct"):
+        TrainConfig(store_io="page_cache")
     with pytest.raises(ConfigError, match="cpu_embeddings 'mkl' is not one of dlrm_scale, fbgemm"):
         TrainConfig(cpu_embeddings="mkl")
     with pytest.raises(ConfigError, match="interaction 'fast' is not one of dlrm_scale, torchrec"):

@@ -47,7 +47,7 @@ def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:
     return directory / f"{table}.rows{shard.row_offset}.cols{shard.col_offset}.rank{shard.rank}.f32"
 
 
-def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str, io: str = "page_cache") -> None:
+def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str, io: str = "pread") -> None:
     """Before training: the SSD directory exists, is writable (and reads with O_DIRECT, for
     `io` "direct") and has room for the shards of `ranks` kept there. One line naming the
     directory and the fix otherwise."""
@@ -140,7 +140,11 @@ class TieredShard:
     def prefetch(self, ids: torch.Tensor) -> None:
         """Read the rows of `ids` that are not cached now: in the background when the shard
         has a reader thread, else right away (while the current batch is between its forward
-        and backward: with one core per rank a thread only competes for it)."""
+        and backward: with one core per rank a thread only competes for it). Not for a store
+        the compiled pass copies from directly (memory, a mapped file) unless in the background:
+        reading ahead there would only copy each row twice."""
+        if self._kernels is not None and self._reader is None and self.store.addressable:
+            return
         if self._kernels is not None:
             missing = self._kernels.row_cache_missing(ids, self.cache.slot_of)
             b = self.store.backing()
@@ -305,7 +309,7 @@ class TieringRuntime:
     policy: str = "lru"
     ways: int = CACHE_WAYS
     prefetch_thread: bool = False  # read ahead in a thread: worth it only with a spare core per rank
-    store_io: str = "page_cache"  # the SSD store's reads (dlrm_scale.run_config.STORE_IO)
+    store_io: str = "pread"  # the SSD store's reads (dlrm_scale.run_config.STORE_IO)
 
 
 class TieredEmbeddings:

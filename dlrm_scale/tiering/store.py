@@ -8,11 +8,13 @@ start in a base file; written-back rows are appended to a log file and an index 
 where each row's newest record is. Writing rows in place would dirty a 4 KiB page per
 260-byte row, and the kernel then throttles the trainer to the disk's random-write speed;
 appending dirties only the bytes written, sequentially. When the log is full its newest
-records are folded into the base file (compaction). The compiled cache pass reads and writes
-the files with pread/pwrite (`backing`), optionally O_DIRECT, so a batch maps no page; bulk work
-(initialisation, compaction, checkpoints) and the torch fallback go through memory mappings
-whose pages are handed back to the kernel afterwards (`release`): they sit in the page cache,
-not in the trainer's resident memory.
+records are folded into the base file (compaction). The compiled cache pass writes the files
+with pwrite and reads them (`backing`) with pread (`io="pread"`: a batch maps no page),
+with O_DIRECT (`"direct"`), or by copying from their mappings (`"mapped"`: no system call a
+row; the pages stay mapped, so they count in the trainer's RSS, though they are the same page
+cache). Bulk work (initialisation, compaction, checkpoints) and the torch fallback go through
+the mappings; except when mapped, their pages are handed back to the kernel afterwards
+(`release`): they sit in the page cache, not in the trainer's resident memory.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Backing(NamedTuple):
     location: torch.Tensor  # newest record's log slot per row, -1: the base file
     width: int
     log_rows: int
+    maps: list[torch.Tensor]  # the base and log files' mappings to read from, or none: read the files
 
 
 class MemoryRowStore:
@@ -52,6 +55,7 @@ class MemoryRowStore:
 
     tier = "ddr"
     log_used = 0  # records appended to a log (the file store's; this one writes in place)
+    addressable = True  # the compiled pass copies records from where they are (no read needed)
 
     def __init__(self, num_rows: int, cols: int, state_cols: int) -> None:
         self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
@@ -81,7 +85,7 @@ class MemoryRowStore:
         self.data.index_copy_(0, ids, records)
 
     def backing(self) -> Backing:
-        return Backing(self.data, _NO_FILES, False, _NO_LOCATION, self.width, 0)
+        return Backing(self.data, _NO_FILES, False, _NO_LOCATION, self.width, 0, [])
 
     def reserve_log(self, records: int) -> None:
         """Make room to append `records` (a batch's write-backs) where the store has a log."""
@@ -123,7 +127,7 @@ def open_direct(path: Path) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECT)
     except OSError as e:
         raise ConfigError(f"store directory {path.parent} cannot read with O_DIRECT ({e.strerror}); "
-                          f"use another --store-dir or --store-io page_cache") from None
+                          f"use another --store-dir or --store-io pread") from None
 
 
 def _map(path: Path, rows: int, width: int) -> tuple[int, mmap.mmap, torch.Tensor]:
@@ -144,13 +148,14 @@ class FileRowStore(MemoryRowStore):
     tier = "ssd"
 
     def __init__(self, num_rows: int, cols: int, state_cols: int, path: Path, log_rows: int | None = None,
-                 io: str = "page_cache") -> None:
+                 io: str = "pread") -> None:
         if io not in STORE_IO:
             raise ConfigError(f"store io {io!r} is not one of {', '.join(STORE_IO)}")
         self.num_rows, self.cols, self.width = num_rows, cols, cols + state_cols
         self.path, self.log_path = path, path.with_name(path.name + ".log")
         self.log_rows = max(1, log_rows or num_rows)
         self.io = io
+        self.addressable = io == "mapped"
         self._fd, self._mm, self.base = _map(self.path, num_rows, self.width)
         self._log_fd, self._log_mm, self.log = _map(self.log_path, self.log_rows, self.width)
         self._read_fd, self._log_read_fd = self._fd, self._log_fd
@@ -182,7 +187,7 @@ class FileRowStore(MemoryRowStore):
 
     def backing(self) -> Backing:
         return Backing(_NO_MEMORY, [self._fd, self._log_fd, self._read_fd, self._log_read_fd], self.io == "direct",
-                       self.location, self.width, self.log_rows)
+                       self.location, self.width, self.log_rows, [self.base, self.log] if self.io == "mapped" else [])
 
     def reserve_log(self, records: int) -> None:
         # the pass writes what finds no room in place, which is correct, only slower
@@ -208,7 +213,10 @@ class FileRowStore(MemoryRowStore):
 
     def release(self) -> None:
         """Drop the mappings' pages from this process (the page cache keeps them; a shared
-        mapping's dirty pages are written out by the kernel, so nothing is lost)."""
+        mapping's dirty pages are written out by the kernel, so nothing is lost); a mapped
+        store keeps them, as its reads would only fault them in again."""
+        if self.io == "mapped":
+            return
         self._mm.madvise(mmap.MADV_DONTNEED)
         self._log_mm.madvise(mmap.MADV_DONTNEED)
 

@@ -22,7 +22,6 @@ import platform
 import shutil
 import socket
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from tqdm import tqdm
 
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
+from dlrm_scale.tools.store_timing import store_samples_on_ranks
 from planner.specs import GIB
 from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields, gb_per_s, nonnegative_lstsq
 from dlrm_scale.tools.runs import load_run
@@ -282,78 +282,6 @@ def calibration_runs(cfg: CalibrationConfig, profile: Path, directory: Path) -> 
     return folders
 
 
-_EVICTING_FLOATS = 64 << 20  # 256 MiB: more than this machine class's last-level cache
-
-
-def timed_cold(fn) -> float:
-    """Seconds `fn` takes after the processor's caches were filled with other data."""
-    buffer = torch.ones(_EVICTING_FLOATS)
-    buffer.add_(1.0)
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def read_ahead_and_install(shard, ids: torch.Tensor) -> None:
-    """A batch as the pipeline trains a cached table: its misses read ahead, then installed."""
-    shard.prefetch(ids)
-    shard.install(ids, training=True)
-
-
-def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20) -> list[dict]:
-    """Times of a table kept on SSD (dlrm_scale.tiering.runtime: row cache in front of the
-    log-structured file store in `directory`), one sample per embedding dim: batches of
-    uniform ids, nearly all missing once the cache is full, and the last batch again, all hits
-    (the cost every id pays). Each batch is read ahead, then installed, as the pipeline does;
-    between batches a buffer larger than the processor's caches is written, as a training
-    step's other work does: the cache's index and rows start cold."""
-    import tempfile
-
-    from dlrm_scale.training.initial_weights import initial_rows
-    from dlrm_scale.tiering.cache import SetAssociativeCache
-    from dlrm_scale.tiering.store import FileRowStore
-    from dlrm_scale.tiering.runtime import TieredShard
-
-    samples = []
-    for dim in dims:
-        with tempfile.TemporaryDirectory(dir=directory) as d:
-            store = FileRowStore(rows, dim, 1, Path(d) / "rows.f32")
-            store.initialise(lambda start, stop: initial_rows(0, "calibration", rows, dim, start, stop))
-            cache_rows, batch = rows // 10, rows // 40
-            shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
-                                SetAssociativeCache(cache_rows, rows), None)
-            g = torch.Generator().manual_seed(1)
-            for _ in range(5):  # fill the cache first: then every miss also evicts and writes back
-                shard.install(torch.randint(0, rows, (batch,), generator=g), training=True)
-            misses, seconds, hit_seconds = shard.cache.counters.misses, 0.0, 0.0
-            for _ in range(batches):
-                ids = torch.randint(0, rows, (batch,), generator=g)
-                seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
-            for _ in range(batches):
-                hit_seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
-            samples.append({"dim": dim, "ids": batches * batch, "misses": shard.cache.counters.misses - misses, "seconds": seconds,
-                            "hit_seconds": hit_seconds})
-            store.close()
-    return samples
-
-
-def store_samples_on_ranks(directory: Path, nproc: int, rows: int = 1_000_000) -> list[dict]:
-    """store_miss_samples on `nproc` processes at once, as a job's ranks share the machine's
-    memory and disk; per dim, the slowest rank's sample."""
-    from dlrm_scale.tools.launch import run_on_ranks
-
-    return run_on_ranks(_store_samples_on_rank, nproc, str(directory), rows)
-
-
-def _store_samples_on_rank(rank: int, world: int, directory: str, rows: int) -> list[dict]:
-    import torch.distributed as dist
-
-    mine = store_miss_samples(Path(directory), rows=rows)
-    every: list[list[dict] | None] = [None] * world
-    dist.all_gather_object(every, mine)
-    return [max((ranks[i] for ranks in every), key=lambda s: s["seconds"]) for i in range(len(mine))]
-
-
 def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     """cache_id_ns from the all-hit batches, then ssd_gb_per_s and ssd_latency_us of
     planner.cost_model.cache_miss_ms from what misses add, at two row widths (the
@@ -377,10 +305,16 @@ def _yaml_value(value) -> str:
 
 def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     """Only the CPU kernel choice, written into an existing profile (its `cpu_kernels` line),
-    leaving the fitted constants as they are."""
+    leaving the fitted constants as they are; so a `store_io` the profile has stays (its store
+    constants were fitted reading that way), and is chosen only where it has none."""
+    from planner.config import read_yaml
+
     if not profile.is_file():
         raise ConfigError(f"calibrate --kernels-only: {profile} is not a hardware profile; give an existing .yaml")
-    kernels, times = choose_cpu_kernels()
+    existing = read_yaml(profile, "hardware profile").get("cpu_kernels") or {}
+    kept = {"store_io": existing["store_io"]} if isinstance(existing, dict) and "store_io" in existing else {}
+    kernels, times = choose_cpu_kernels(store_directory=None if kept else profile.parent)
+    kernels.update(kept)
     lines = [line for line in profile.read_text().splitlines() if not line.startswith("cpu_kernels:")]
     lines.append(f"cpu_kernels: {_yaml_value(kernels)}")
     tmp = profile.with_name(profile.name + ".tmp")
@@ -411,7 +345,8 @@ def refit_from_runs(run_dirs: list[Path], start: str, out: Path, header: str | N
     for name, value in fitted_fields(runs[0].run.problem.cluster, fit.values).items():
         profile[name] = value
     (embeddings, interaction), = kernels
-    profile["cpu_kernels"] = {"embeddings": embeddings, "interaction": interaction}  # the kernels the constants describe
+    # the kernels the constants describe (the store's, not refitted here, keep the profile's store_io)
+    profile["cpu_kernels"] = {**(profile.get("cpu_kernels") or {}), "embeddings": embeddings, "interaction": interaction}
     profile["fitted_on"] = {"runs": len(runs), "tables": f"{min(len(r.run.problem.tables) for r in runs)}-"
                             f"{max(len(r.run.problem.tables) for r in runs)}", "ranks": ",".join(sorted({str(r.plan.world_size) for r in runs}))}
     profile["fit_residuals"] = {k: round(v, 4) for k, v in fit.residuals.items()}
@@ -433,9 +368,9 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         progress.update(1)
         update_ns = replica_update_ns(cfg)
         progress.update(1)
-        store = store_samples_on_ranks(out.parent, cfg.nproc)
+        kernels, kernel_times = choose_cpu_kernels(store_directory=out.parent)
+        store = store_samples_on_ranks(out.parent, cfg.nproc, io=kernels["store_io"])  # the store as it will read
         progress.update(1)
-        kernels, kernel_times = choose_cpu_kernels()
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         disk = shutil.disk_usage(out.parent).free
         profile = {

@@ -9,6 +9,9 @@ dominate an embedding-bound step, and records the winners in the hardware profil
   backward of a 2M x 64 table at 32 Zipf ids per sample, batch 2,048.
 - interaction: TorchRec's InteractionArch against dlrm_scale.interaction.DotInteraction,
   forward and backward for 26 tables of dim 64, batch 1,024.
+- store_io: the SSD store read with pread against copied from its files kept mapped
+  (dlrm_scale.tiering.store), a cached table of 500k rows of dim 64 whose batches nearly all
+  miss, in a folder of the machine's (the page cache serves both; the disk would be O_DIRECT's).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from dlrm_scale.tools.store_timing import store_miss_samples
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 
 
@@ -95,12 +100,26 @@ def time_interactions(repeats: int = 3, tables: int = 26, dim: int = 64, batch: 
     return times
 
 
-def choose_cpu_kernels(repeats: int = 3) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
-    """The faster of each pair by median time, and every time measured (ms per call)."""
+def time_store_reads(directory: Path, repeats: int = 3, rows: int = 500_000, batches: int = 8) -> dict[str, list[float]]:
+    """ms per batch of a cached SSD table read each way (store_miss_samples: read ahead and
+    installed, caches cold), alternated."""
+    times = {"pread": [], "mapped": []}
+    for _ in range(repeats):
+        for io in times:
+            sample, = store_miss_samples(directory, dims=(64,), rows=rows, batches=batches, io=io)
+            times[io].append(sample["seconds"] / batches * 1e3)
+    return times
+
+
+def choose_cpu_kernels(repeats: int = 3, store_directory: Path | None = None) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
+    """The faster of each pair by median time, and every time measured (ms per call); the
+    SSD store's reads timed in `store_directory` (None: not chosen)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a torchrun rank's share of a CPU
     try:
         measured = {"embeddings": time_embeddings(repeats), "interaction": time_interactions(repeats)}
+        if store_directory is not None:
+            measured["store_io"] = time_store_reads(store_directory, repeats)
     finally:
         torch.set_num_threads(threads)
     chosen = {kind: min(times, key=lambda name: statistics.median(times[name])) for kind, times in measured.items()}

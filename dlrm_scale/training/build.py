@@ -18,7 +18,7 @@ from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 from dlrm_scale.bridge.sharders import sharder_for
 from dlrm_scale.bridge.sharding_plan import to_sharding_plan
-from dlrm_scale.run_config import ModelConfig, RunConfig
+from dlrm_scale.run_config import UNMEASURED_CPU_KERNELS, ModelConfig, RunConfig
 from dlrm_scale.tiering.runtime import TieredEmbeddings, TieringRuntime
 from dlrm_scale.training.criteo import criteo_data
 from dlrm_scale.training.data import SyntheticData
@@ -56,7 +56,8 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
     tiered = None
     if device.type == "cpu" and any(t.cached for t in plan.tables.values()):
         runtime = TieringRuntime(Path(train.store_dir) if train.store_dir else None, run.tiering.policy,
-                                 prefetch_thread=train.prefetch_thread, store_io=train.store_io)
+                                 prefetch_thread=train.prefetch_thread,
+                                 store_io=train.store_io or UNMEASURED_CPU_KERNELS["store_io"])
         tiered = TieredEmbeddings(model, plan, rank, runtime)
     if initialise:
         initialise_embeddings(model, {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}, train.seed, tiered)

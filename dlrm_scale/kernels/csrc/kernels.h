@@ -18,8 +18,8 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                                              const torch::Tensor& overflow_ids, int64_t overflow_rows, torch::Tensor& weights,
                                              std::vector<torch::Tensor> states, torch::Tensor& dirty, torch::Tensor& memory,
                                              std::vector<int64_t> fds, bool direct, torch::Tensor& location, int64_t width,
-                                             int64_t log_rows, int64_t log_used, const torch::Tensor& staged_ids,
-                                             const torch::Tensor& staged_records, bool training);
+                                             int64_t log_rows, std::vector<torch::Tensor> maps, int64_t log_used,
+                                             const torch::Tensor& staged_ids, const torch::Tensor& staged_records, bool training);
 torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& slot_of);
 torch::Tensor row_store_read(const torch::Tensor& ids, torch::Tensor& memory, std::vector<int64_t> fds, bool direct,
                              torch::Tensor& location, int64_t width);
