@@ -89,7 +89,7 @@ def test_rows_the_pass_copies_directly_are_read_ahead_only_in_the_background(tmp
     for reader, ahead in ((None, 0), (ThreadPoolExecutor(1), 25)):
         store = FileRowStore(1000, 4, 1, tmp_path / f"{ahead}.f32", io="mapped") if kind == "ssd_mapped" else None
         s, weights, _ = shard(cache_rows=256, reader=reader, store=store)
-        assert s.store.addressable
+        assert s.store.addressable and s.reads_ahead == (reader is not None)
         s.install(torch.arange(0, 50), training=True)
         weights[s.cache.lookup(torch.arange(0, 50))] += 100.0
         s.prefetch(torch.arange(25, 75))

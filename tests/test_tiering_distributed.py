@@ -43,7 +43,7 @@ def initial_table(t: TableSpec) -> torch.Tensor:
     return (torch.rand(t.num_embeddings, t.embedding_dim, generator=g) - 0.5) * 0.2
 
 
-def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_every, resume):
+def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_every, resume, store_io):
     from dlrm_scale.run_config import CheckpointConfig, TrainConfig
     from dlrm_scale.training.state import local_shard_state
     from dlrm_scale.training.trainer import Trainer
@@ -52,7 +52,7 @@ def _train(rank, world, out_dir, tiered, optimizer, pipeline, steps, checkpoint_
     p = problem(optimizer)
     out = Path(out_dir)
     cfg = TrainConfig(steps=steps, embedding_lr=0.1, dense_lr=0.1, dense_optimizer="sgd", log_every=4,
-                      eval_batches=1, pipeline=pipeline, store_dir=str(out / f"store{rank}") if tiered else None)
+                      eval_batches=1, pipeline=pipeline, store_dir=str(out / f"store{rank}") if tiered else None, store_io=store_io)
     if tiered:
         (out / f"store{rank}").mkdir(exist_ok=True)
     checkpoint = CheckpointConfig(out / "ckpt", checkpoint_every, 3) if checkpoint_every or resume else None
@@ -79,20 +79,22 @@ def _model_config():
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 
 
-def run(tmp_path, name, tiered, optimizer="rowwise_adagrad", pipeline=True, steps=STEPS, checkpoint_every=0, resume=False):
+def run(tmp_path, name, tiered, optimizer="rowwise_adagrad", pipeline=True, steps=STEPS, checkpoint_every=0, resume=False,
+        store_io=None):
     out = tmp_path / name
     out.mkdir(exist_ok=True)
-    return run_on_ranks(_train, 2, str(out), tiered, optimizer, pipeline, steps, checkpoint_every, resume)
+    return run_on_ranks(_train, 2, str(out), tiered, optimizer, pipeline, steps, checkpoint_every, resume, store_io)
 
 
 def gather(results) -> dict:
     return {key: value for r in results for key, value in r["tables"].items()}
 
 
-@pytest.mark.parametrize("optimizer,pipeline", [("rowwise_adagrad", True), ("adagrad", False)])
-def test_cached_tables_train_exactly_like_tables_in_memory(tmp_path, optimizer, pipeline):
+@pytest.mark.parametrize("optimizer,pipeline,store_io", [("rowwise_adagrad", True, None), ("adagrad", False, None),
+                                                         ("rowwise_adagrad", True, "mapped")])
+def test_cached_tables_train_exactly_like_tables_in_memory(tmp_path, optimizer, pipeline, store_io):
     plain = gather(run(tmp_path, "plain", False, optimizer, pipeline))
-    tiered_results = run(tmp_path, "tiered", True, optimizer, pipeline)
+    tiered_results = run(tmp_path, "tiered", True, optimizer, pipeline, store_io=store_io)
     tiered = gather(tiered_results)
     assert plain.keys() == tiered.keys()
     for key in plain:
@@ -103,8 +105,10 @@ def test_cached_tables_train_exactly_like_tables_in_memory(tmp_path, optimizer, 
         assert not torch.equal(w0, initial_table(problem(optimizer).tables_by_name[key[0]])[:, key[1]:key[1] + w0.shape[1]])
     counters = [r["counters"] for r in tiered_results]
     assert sum(c["cache_evictions"] for c in counters) > 0 and sum(c["rows_written_back"] for c in counters) > 0
-    if pipeline:  # the next batch's misses were read ahead, where the store is read with pread
-        read_ahead = [pair for r in tiered_results for pair in r["read_ahead"]]
+    read_ahead = [pair for r in tiered_results for pair in r["read_ahead"]]
+    if store_io == "mapped":  # every store copied from directly: nothing read ahead, the plain pipeline
+        assert not read_ahead and sum(c["rows_prefetched"] for c in counters) == 0
+    elif pipeline:  # the next batch's misses were read ahead, where the store is read with pread
         assert read_ahead and sum(p for p, _ in read_ahead) > 0.9 * sum(n for _, n in read_ahead)
 
 

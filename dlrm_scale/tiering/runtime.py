@@ -137,13 +137,19 @@ class TieredShard:
             self.counters.written_back_rows += int(dirty.sum())
             self.dirty[slots] = False
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether `prefetch` reads anything: not for a store the compiled pass copies from
+        directly (memory, a mapped file) unless in the background, where reading ahead would
+        only copy each row twice."""
+        return self._kernels is None or self._reader is not None or not self.store.addressable
+
     def prefetch(self, ids: torch.Tensor) -> None:
-        """Read the rows of `ids` that are not cached now: in the background when the shard
-        has a reader thread, else right away (while the current batch is between its forward
-        and backward: with one core per rank a thread only competes for it). Not for a store
-        the compiled pass copies from directly (memory, a mapped file) unless in the background:
-        reading ahead there would only copy each row twice."""
-        if self._kernels is not None and self._reader is None and self.store.addressable:
+        """Read the rows of `ids` that are not cached now (where the shard `reads_ahead`): in
+        the background when the shard has a reader thread, else right away (while the current
+        batch is between its forward and backward: with one core per rank a thread only
+        competes for it)."""
+        if not self.reads_ahead:
             return
         if self._kernels is not None:
             missing = self._kernels.row_cache_missing(ids, self.cache.slot_of)
@@ -369,6 +375,12 @@ class TieredEmbeddings:
                 group = self._groups.get(id(emb_op))
                 if group is not None:
                     group.prefetch(f.values(), f.offsets())
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether any cached shard reads the next batch's misses ahead (the pipeline then
+        waits for that batch's ids early, to start the reads)."""
+        return any(s.reads_ahead for s in self.shards.values())
 
     def counters(self) -> dict[str, int]:
         out = {"cache_hits": 0, "cache_misses": 0, "cache_evictions": 0, "cache_overflow": 0,

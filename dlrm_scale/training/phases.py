@@ -178,10 +178,10 @@ class TimedStep:
 
 
 def step_runner(pipeline: bool, model, optimizer, device, timer: PhaseTimer, tiered=None):
-    """TorchRec's sparse-dist pipeline (reading cached tables' missed rows ahead when there are
-    any), or plain steps."""
+    """TorchRec's sparse-dist pipeline (reading cached tables' missed rows ahead where their
+    stores read ahead), or plain steps."""
     if not pipeline:
         return TimedStep(model, optimizer, device, timer)
-    if tiered is not None:
+    if tiered is not None and tiered.reads_ahead:
         return PrefetchingPipeline(model, optimizer, device, timer, tiered)
     return TimedPipeline(model, optimizer, device, timer)
