@@ -58,7 +58,8 @@ def test_store_miss_samples_time_real_misses(tmp_path):
     from dlrm_scale.tools.store_timing import store_miss_samples
 
     samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
-    assert samples[0]["misses"] > 3 * 500 * 0.8 and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0  # uniform ids: nearly all miss
+    # uniform ids, a quarter of the rows cached: about three in four miss
+    assert samples[0]["misses"] > 0.6 * samples[0]["ids"] and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0
     assert not list(tmp_path.iterdir())  # its files are gone
 
 
@@ -75,5 +76,5 @@ def test_store_samples_run_on_every_rank_at_once(tmp_path):
 
     samples = store_samples_on_ranks(tmp_path, 2, rows=20_000)
     assert [s["dim"] for s in samples] == [16, 128]
-    assert all(s["misses"] > 20 * 500 * 0.8 and s["seconds"] > s["hit_seconds"] > 0 for s in samples)
+    assert all(s["misses"] > 0.6 * s["ids"] and s["seconds"] > s["hit_seconds"] > 0 for s in samples)
     assert not list(tmp_path.iterdir())  # every rank's files are gone

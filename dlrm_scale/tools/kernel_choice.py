@@ -10,7 +10,7 @@ dominate an embedding-bound step, and records the winners in the hardware profil
 - interaction: TorchRec's InteractionArch against dlrm_scale.interaction.DotInteraction,
   forward and backward for 26 tables of dim 64, batch 1,024.
 - store_io: the SSD store read with pread against copied from its files kept mapped
-  (dlrm_scale.tiering.store), a cached table of 500k rows of dim 64 whose batches nearly all
+  (dlrm_scale.tiering.store), a cached table of 500k rows of dim 64 whose batches mostly
   miss, in a folder of the machine's (the page cache serves both; the disk would be O_DIRECT's).
 """
 

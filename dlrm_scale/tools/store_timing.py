@@ -29,12 +29,14 @@ def read_ahead_and_install(shard, ids: torch.Tensor) -> None:
     shard.install(ids, training=True)
 
 
-def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 1_000_000, batches: int = 20,
+def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows: int = 2_000_000, batches: int = 20,
                        io: str = "pread") -> list[dict]:
     """Times of a table kept on SSD (dlrm_scale.tiering.runtime: row cache in front of the
     log-structured file store in `directory`, read the `io` way), one sample per embedding
-    dim: batches of uniform ids, nearly all missing once the cache is full, and the last batch
-    again, all hits (the cost every id pays). Each batch is read ahead, then installed, as the
+    dim: batches of uniform ids, most missing once the cache is full, and the last batch
+    again, all hits (the cost every id pays). The table is as large as the ones tiering is for
+    (2M rows, a quarter cached, batches of ~31k ids): a miss's cost grows with the index and
+    the store it walks (a 1M-row table with a tenth cached priced misses ~35% cheaper here). Each batch is read ahead, then installed, as the
     pipeline does; between batches a buffer larger than the processor's caches is written, as
     a training step's other work does: the cache's index and rows start cold."""
     from dlrm_scale.training.initial_weights import initial_rows
@@ -47,7 +49,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
         with tempfile.TemporaryDirectory(dir=directory) as d:
             store = FileRowStore(rows, dim, 1, Path(d) / "rows.f32", io=io)
             store.initialise(lambda start, stop: initial_rows(0, "calibration", rows, dim, start, stop))
-            cache_rows, batch = rows // 10, rows // 40
+            cache_rows, batch = rows // 4, rows // 64
             shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
                                 SetAssociativeCache(cache_rows, rows), None)
             g = torch.Generator().manual_seed(1)
@@ -65,7 +67,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
     return samples
 
 
-def store_samples_on_ranks(directory: Path, nproc: int, rows: int = 1_000_000, io: str = "pread") -> list[dict]:
+def store_samples_on_ranks(directory: Path, nproc: int, rows: int = 2_000_000, io: str = "pread") -> list[dict]:
     """store_miss_samples on `nproc` processes at once, as a job's ranks share the machine's
     memory and disk; per dim, the slowest rank's sample."""
     from dlrm_scale.tools.launch import run_on_ranks
