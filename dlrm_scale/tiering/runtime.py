@@ -9,9 +9,10 @@ table is trained like this:
 - a forward pre-hook on the TBE maps each batch's ids to cache slots (`TieredShard.install`),
   first writing evicted dirty rows back and loading missed ones, so the TBE and its fused
   optimizer only ever see resident slots;
-- with the pipeline, the next batch's missed rows are read as soon as its ids reach this
-  rank, while the current batch trains (`PrefetchingPipeline`; in a background thread with
-  `TieringRuntime.prefetch_thread`).
+- with the pipeline, where a store is read with pread or O_DIRECT, the next batch's missed rows
+  are read as soon as its ids reach this rank, while the current batch trains
+  (`PrefetchingPipeline`; in a background thread with `TieringRuntime.prefetch_thread`); a DDR
+  or mapped store is copied from directly by the install (`TieredShard.reads_ahead`).
 TorchRec routes ids to shards before the hook sees them, so ids are never rewritten across
 ranks; row-wise schemes, which bucketize ids by the rows TorchRec holds, cannot be cached here.
 """

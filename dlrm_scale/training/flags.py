@@ -61,8 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "bitwise equal losses, other plans and world sizes agree to about 1e-5)")
     p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
     p.add_argument("--store-io", choices=STORE_IO,
-                   help="the SSD store's reads: through the page cache with pread (default), copied from the files kept mapped "
-                        "(mapped: no system call a row; the pages count in RSS), or O_DIRECT from the device")
+                   help="the SSD store's reads: through the page cache with pread, copied from the files kept mapped "
+                        "(mapped: no system call a row; the pages count in RSS), or O_DIRECT from the device "
+                        "(default: the faster of pread and mapped on this machine, as calibrate measured)")
     p.add_argument("--interaction", choices=INTERACTIONS,
                    help="DLRM's dot interaction: dlrm_scale's symmetric backward or TorchRec's InteractionArch "
                         "(default: the faster on this machine, as calibrate measured)")
