@@ -107,6 +107,13 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         active.pop(int(np.argmin(x_active)))
 
 
+def least_waiting_rank(phases_ms: Sequence[dict[str, float]], group: str) -> int:
+    """The rank whose measured time of a collective phase group compares with a prediction: the
+    one that waited least for it (a collective's time on a rank also holds its wait for the
+    slowest rank, and the last to arrive waits for nobody)."""
+    return min(range(len(phases_ms)), key=lambda r: phases_ms[r][group])
+
+
 def _rows(d: RunDesign) -> list[tuple[np.ndarray, float, float]]:
     """(coefficients, target minus offset, target) of each fitted row of one run."""
     measured = np.array([[r[g] for g in PHASE_GROUPS] for r in d.run.phases_ms])
@@ -115,11 +122,11 @@ def _rows(d: RunDesign) -> list[tuple[np.ndarray, float, float]]:
     for r in range(measured.shape[0]):
         for g in OWN_WORK:
             rows.append((d.coefficients[r, index[g]], measured[r, index[g]] - d.offset[r, index[g]], measured[r, index[g]]))
-    for g in COLLECTIVE_GROUPS:
-        r = int(measured[:, index[g]].argmin())
+    waited_least = {g: least_waiting_rank(d.run.phases_ms, g) for g in COLLECTIVE_GROUPS}
+    for g, r in waited_least.items():
         rows.append((d.coefficients[r, index[g]], measured[r, index[g]] - d.offset[r, index[g]], measured[r, index[g]]))
     # the step: each group on its slowest rank (simulate's step), linearised where the run had it
-    slowest = [int(measured[:, i].argmin() if g in COLLECTIVE_GROUPS else measured[:, i].argmax()) for i, g in enumerate(PHASE_GROUPS)]
+    slowest = [waited_least[g] if g in COLLECTIVE_GROUPS else int(measured[:, i].argmax()) for i, g in enumerate(PHASE_GROUPS)]
     step = d.run.step_ms
     rows.append((sum(d.coefficients[r, i] for i, r in enumerate(slowest)), step - sum(d.offset[r, i] for i, r in enumerate(slowest)), step))
     return rows
@@ -205,6 +212,6 @@ def compare(run: MeasuredRun, values: dict[str, float] | None = None) -> Compari
     busiest = max(range(len(measured)), key=lambda r: sum(measured[r][g] for g in OWN_WORK))
     fair = {}
     for g in PHASE_GROUPS:
-        r = min(range(len(measured)), key=lambda r: measured[r][g]) if g in COLLECTIVE_GROUPS else busiest
+        r = least_waiting_rank(measured, g) if g in COLLECTIVE_GROUPS else busiest
         fair[g] = (predicted[r][g], measured[r][g])
     return Comparison(predicted, sim.step_ms, fair)
