@@ -155,7 +155,7 @@ class TieredShard:
         if self._kernels is not None:
             missing = self._kernels.row_cache_missing(ids, self.cache.slot_of)
             b = self.store.backing()
-            read = lambda rows: self._kernels.row_store_read(rows, b.memory, b.fds, b.direct, b.location, b.width)  # noqa: E731
+            read = lambda rows: self._kernels.row_store_read(rows, *b)  # noqa: E731
         else:
             uniq, inverse = torch.unique(ids, return_inverse=True)
             self._next_batch = (ids, uniq, inverse)  # install() reuses the deduplication

@@ -155,7 +155,6 @@ class FileRowStore(MemoryRowStore):
         self.path, self.log_path = path, path.with_name(path.name + ".log")
         self.log_rows = max(1, log_rows or num_rows)
         self.io = io
-        self.addressable = io == "mapped"
         self._fd, self._mm, self.base = _map(self.path, num_rows, self.width)
         self._log_fd, self._log_mm, self.log = _map(self.log_path, self.log_rows, self.width)
         self._read_fd, self._log_read_fd = self._fd, self._log_fd
@@ -184,6 +183,10 @@ class FileRowStore(MemoryRowStore):
             self.location[ids[at:at + n]] = torch.arange(self.log_used, self.log_used + n, dtype=torch.int32)
             self.log_used += n
             at += n
+
+    @property
+    def addressable(self) -> bool:
+        return self.io == "mapped"
 
     def backing(self) -> Backing:
         return Backing(_NO_MEMORY, [self._fd, self._log_fd, self._read_fd, self._log_read_fd], self.io == "direct",

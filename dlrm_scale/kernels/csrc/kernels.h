@@ -22,4 +22,4 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                                              const torch::Tensor& staged_ids, const torch::Tensor& staged_records, bool training);
 torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& slot_of);
 torch::Tensor row_store_read(const torch::Tensor& ids, torch::Tensor& memory, std::vector<int64_t> fds, bool direct,
-                             torch::Tensor& location, int64_t width);
+                             torch::Tensor& location, int64_t width, int64_t log_rows, std::vector<torch::Tensor> maps);

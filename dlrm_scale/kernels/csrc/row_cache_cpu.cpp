@@ -444,10 +444,10 @@ torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& s
 }
 
 torch::Tensor row_store_read(const torch::Tensor& ids, torch::Tensor& memory, std::vector<int64_t> fds, bool direct,
-                             torch::Tensor& location, int64_t width) {
+                             torch::Tensor& location, int64_t width, int64_t log_rows, std::vector<torch::Tensor> maps) {
   TORCH_CHECK(ids.scalar_type() == torch::kLong, "int64 ids");
   Store store;
-  open_store(store, memory, fds, direct, location, width, 0, {}, 0);
+  open_store(store, memory, fds, direct, location, width, log_rows, maps, 0);
   const int64_t n = ids.numel();
   torch::Tensor out = torch::empty({n, width}, torch::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
