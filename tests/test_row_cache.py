@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
+from dlrm_scale.tiering.cache import CLOCK_MAX, CacheTooSmallError, SetAssociativeCache
 
 
 def batches(rows, ids, n, seed=0):
@@ -83,3 +83,35 @@ def test_clear_forgets_everything():
     cache.assign(torch.arange(20))
     cache.clear()
     assert bool((cache.lookup(torch.arange(20)) < 0).all()) and len(cache.cached_ids()[0]) == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_clocks_past_their_int32_range_are_renumbered_without_changing_a_decision(policy):
+    """A cache whose clock reaches CLOCK_MAX (its clocks shifted up by as much) decides every
+    later batch as one that started at zero."""
+    plain, late = (SetAssociativeCache(cache_rows=128, num_rows=2000, ways=4, policy=policy) for _ in range(2))
+    trace = batches(2000, 60, 40, seed=3)
+    for ids in trace[:10]:
+        for c in (plain, late):
+            c.take_overflow()
+            c.assign(ids)
+    shift = CLOCK_MAX - plain.clock
+    late.last_used[late.last_used > 0] += shift
+    late.clock = CLOCK_MAX
+    for ids in trace[10:]:
+        plain.take_overflow(), late.take_overflow()
+        a, b = plain.assign(ids), late.assign(ids)
+        assert torch.equal(a.slots, b.slots) and torch.equal(a.evict_ids, b.evict_ids)
+        assert int(late.last_used.max()) <= late.clock < CLOCK_MAX  # renumbered, not wrapped
+    assert torch.equal(plain.tags, late.tags) and plain.counters == late.counters and plain.counters.evictions > 0
+
+
+def test_the_index_costs_nothing_per_row_of_the_shard_beyond_lfu_counts():
+    lru = SetAssociativeCache(cache_rows=1000, num_rows=1_000_000, ways=32, policy="lru")
+    lfu = SetAssociativeCache(cache_rows=1000, num_rows=1_000_000, ways=32, policy="lfu")
+    for c in (lru, lfu):
+        c.assign(torch.arange(0, 1_000_000, 1250))
+    held = lambda c: sum(t.numel() * t.element_size() for t in vars(c).values() if isinstance(t, torch.Tensor))  # noqa: E731
+    assert held(lru) <= 8 * 1000 and held(lfu) <= 8 * 1000 + 2 * 1_000_000  # tags and clocks per slot, LFU's count per row
+    with pytest.raises(ValueError, match="at most 2,147,483,647 rows"):
+        SetAssociativeCache(cache_rows=1000, num_rows=2**31, ways=32)

@@ -7,8 +7,10 @@ more of the batch's rows than ways sends the rest to an overflow region that is 
 the next batch (`take_overflow`), so a batch never fails for an unlucky hash.
 
 Everything is vectorised over the batch (torch ops, no Python loop per id), as FBGEMM's
-`lxu_cache` kernels are on a GPU. Besides the tags, a dense row -> slot map (4 bytes per row
-of the shard) makes finding a row one gather instead of a compare across its set's ways.
+`lxu_cache` kernels are on a GPU. A row is found by comparing its set's tags, as FBGEMM does:
+the index costs 8 bytes a slot (an int32 tag and an int32 clock), none per row of the shard
+(LFU adds its 2-byte request count per row). A dense row -> slot map would make finding a row
+one gather, for 4 more bytes a row, the most of tiering's resident overhead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 from planner.specs import CACHE_POLICIES
 
 EMPTY = -1
+MAX_ROWS = 2**31 - 1  # tags are int32
+CLOCK_MAX = 2**31 - 1  # clocks are int32: at this batch they are rebased (`tick`)
 FREQUENCY_MAX = 2**15 - 1  # LFU's request counts saturate here (int16)
 _HASH = 0x9E3779B97F4A7C15 - 2**64  # Fibonacci hashing spreads consecutive (hot) ids over sets
 
@@ -74,9 +78,11 @@ class SetAssociativeCache:
         self.sets, self.ways, self.overflow_rows = split_capacity(cache_rows, ways)
         self.capacity = cache_rows
         self.policy = policy
-        self.tags = torch.full((self.sets, self.ways), EMPTY, dtype=torch.int64)
-        self.slot_of = torch.full((num_rows,), EMPTY, dtype=torch.int32)
-        self.last_used = torch.zeros((self.sets, self.ways), dtype=torch.int64)
+        if num_rows > MAX_ROWS:
+            raise ValueError(f"a cached shard holds at most {MAX_ROWS:,} rows, got {num_rows:,}")
+        self.num_rows = num_rows
+        self.tags = torch.full((self.sets, self.ways), EMPTY, dtype=torch.int32)
+        self.last_used = torch.zeros((self.sets, self.ways), dtype=torch.int32)
         # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does),
         # counting to FREQUENCY_MAX (2 bytes a row; rows that hot are all kept, by recency)
         self.frequency = torch.zeros(num_rows, dtype=torch.int16) if policy == "lfu" else None
@@ -89,19 +95,34 @@ class SetAssociativeCache:
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each id, or -1 if not cached (overflow rows count as cached). Read-only."""
-        return self.slot_of.index_select(0, ids).long()
+        sets = self.set_of(ids)
+        match = self.tags[sets] == ids[:, None]
+        slots = torch.where(match.any(1), sets * self.ways + match.byte().argmax(1), EMPTY)
+        if len(self.overflow_ids):  # sorted
+            at = torch.searchsorted(self.overflow_ids, ids).clamp(max=len(self.overflow_ids) - 1)
+            slots = torch.where(self.overflow_ids[at] == ids, self.sets * self.ways + at, slots)
+        return slots
+
+    def tick(self) -> int:
+        """The next batch's clock. Past CLOCK_MAX the clocks are renumbered by rank, which
+        keeps their order, so that every later decision is the one an int64 clock makes."""
+        if self.clock == CLOCK_MAX:
+            _, order = torch.unique(self.last_used, return_inverse=True)
+            self.last_used.copy_(order)
+            self.clock = int(order.max())
+        self.clock += 1
+        return self.clock
 
     def take_overflow(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The previous batch's overflow rows and their slots, now leaving the cache."""
         ids = self.overflow_ids
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
-        self.slot_of[ids] = EMPTY
         return ids, self.sets * self.ways + torch.arange(len(ids))
 
     def assign(self, ids: torch.Tensor) -> SlotAssignment:
         """Make the distinct `ids` (sorted, as torch.unique gives them) resident; call
         take_overflow() first. Returns where each lives and what moves."""
-        self.clock += 1
+        self.tick()
         W = self.ways
         slots = self.lookup(ids)
         hit = slots >= 0
@@ -133,13 +154,11 @@ class SetAssociativeCache:
 
         way = order[miss_group[fits], rank[fits]]
         victim_sets = touched[miss_group[fits]]
-        old = self.tags[victim_sets, way]
+        old = self.tags[victim_sets, way].long()
         placed_ids = miss_ids[fits]
-        self.tags[victim_sets, way] = placed_ids
+        self.tags[victim_sets, way] = placed_ids.to(torch.int32)
         self.last_used[victim_sets, way] = self.clock
         placed_slots = victim_sets * W + way
-        self.slot_of[old[old >= 0]] = EMPTY
-        self.slot_of[placed_ids] = placed_slots.to(torch.int32)
         miss_slots = torch.empty(n_miss, dtype=torch.int64)
         miss_slots[fits] = placed_slots
 
@@ -148,7 +167,6 @@ class SetAssociativeCache:
             raise CacheTooSmallError(self.too_small(len(ids), len(spill)))
         self.overflow_ids = spill  # sorted, since ids are
         miss_slots[~fits] = self.sets * W + torch.arange(len(spill))
-        self.slot_of[spill] = miss_slots[~fits].to(torch.int32)
         self.counters.overflow += len(spill)
         slots[miss] = miss_slots
 
@@ -168,7 +186,7 @@ class SetAssociativeCache:
             freq = torch.where(tags >= 0, self.frequency[tags.clamp(min=0)].to(torch.int64), torch.full_like(tags, -1))
             priority = (freq << 32) + self.last_used[sets]
         else:
-            priority = self.last_used[sets].clone()
+            priority = self.last_used[sets].long()
         priority[tags == EMPTY] = -1
         locked = self.last_used[sets] == self.clock
         priority[locked] = torch.iinfo(torch.int64).max
@@ -180,12 +198,11 @@ class SetAssociativeCache:
         present = flat >= 0
         slots = torch.arange(len(flat))[present]
         ids, over_slots = self.overflow_ids, self.sets * self.ways + torch.arange(len(self.overflow_ids))
-        return torch.cat([flat[present], ids]), torch.cat([slots, over_slots])
+        return torch.cat([flat[present].long(), ids]), torch.cat([slots, over_slots])
 
     def clear(self) -> None:
         """Forget every row (after the backing store was replaced, e.g. by a checkpoint)."""
         self.tags.fill_(EMPTY)
-        self.slot_of.fill_(EMPTY)
         self.last_used.zero_()
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
         if self.frequency is not None:

@@ -153,7 +153,7 @@ class TieredShard:
         if not self.reads_ahead:
             return
         if self._kernels is not None:
-            missing = self._kernels.row_cache_missing(ids, self.cache.slot_of)
+            missing = self._kernels.row_cache_missing(ids, self.cache.tags, self.cache.num_rows)
             b = self.store.backing()
             read = lambda rows: self._kernels.row_store_read(rows, *b)  # noqa: E731
         else:
@@ -183,10 +183,9 @@ class TieredShard:
             staged_ids, future = self._staged
             staged_records = future.result()  # before any write: the read must not race one
         store.reserve_log(len(cache.overflow_ids) + len(ids))
-        cache.clock += 1
         slots, overflow, stats = self._kernels.row_cache_install(
-            ids, cache.tags, cache.last_used, cache.slot_of, _NO_FREQUENCY if cache.frequency is None else cache.frequency,
-            cache.clock, cache.overflow_ids, cache.overflow_rows, self.weights, self.states, self.dirty, *store.backing(),
+            ids, cache.tags, cache.last_used, _NO_FREQUENCY if cache.frequency is None else cache.frequency, cache.num_rows,
+            cache.tick(), cache.overflow_ids, cache.overflow_rows, self.weights, self.states, self.dirty, *store.backing(),
             store.log_used, staged_ids, staged_records, training)
         hits, misses, evictions, spilled, loaded, prefetched, written, store.log_used = stats.tolist()
         if spilled > cache.overflow_rows:

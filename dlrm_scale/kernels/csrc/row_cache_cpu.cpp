@@ -8,8 +8,9 @@
 // k-th unlocked way in eviction order (empty first, then least recently used, or least
 // frequently requested then least recently used, ties to the lower way); misses that find no
 // way go to the overflow region. The torch path spends ~13 ms a table and batch on this
-// machine class in sorts and temporaries; here the ids are deduplicated through the index
-// itself (a pending mark in slot_of), and only the distinct misses (a fraction) are sorted.
+// machine class in sorts and temporaries; here a row is found by comparing its set's int32
+// tags (two cache lines at 32 ways, prefetched ahead; no per-row map, which would cost 4 bytes
+// a row of the shard), and only the misses (a fraction) are sorted and deduplicated.
 //
 // The store holds one fp32 record per row (weights, then optimizer state): an array in memory,
 // or the SSD store's base file with its append-only log and location index. Written-back
@@ -20,6 +21,9 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -33,7 +37,6 @@
 namespace {
 
 constexpr int64_t kEmpty = -1;
-constexpr int32_t kPending = -2;  // in slot_of during a pass: a miss of this batch, not placed yet
 constexpr uint64_t kHash = 0x9E3779B97F4A7C15ull;
 constexpr int16_t kFrequencyMax = 32767;  // cache.py's FREQUENCY_MAX
 constexpr int64_t kBlock = 4096;  // O_DIRECT's alignment
@@ -51,7 +54,30 @@ struct Move {
   int64_t row, slot, old;  // the miss, the slot it takes, the slot's previous row (or kEmpty)
 };
 
+// The way of `row` in its set, or -1 (a row is in one way at most): eight tags a compare
+// where the processor has AVX2.
+inline int64_t way_of(const int32_t* set_tags, int64_t ways, int32_t row) {
+  int64_t w = 0;
+#if defined(__AVX2__)
+  const __m256i key = _mm256_set1_epi32(row);
+  for (; w + 8 <= ways; w += 8) {
+    const __m256i found = _mm256_cmpeq_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(set_tags + w)), key);
+    const int mask = _mm256_movemask_ps(_mm256_castsi256_ps(found));
+    if (mask != 0) return w + __builtin_ctz(mask);
+  }
+#endif
+  for (; w < ways; ++w) {
+    if (set_tags[w] == row) return w;
+  }
+  return -1;
+}
+
+inline void prefetch_set(const int32_t* set_first, int64_t ways, bool write) {
+  for (int64_t w = 0; w < ways; w += 16) write ? __builtin_prefetch(set_first + w, 1) : __builtin_prefetch(set_first + w);
+}
+
 // Buffers kept between calls: a batch's worth of pages is not faulted in again every batch.
+thread_local std::vector<uint64_t> scratch_missed;
 thread_local std::vector<int64_t> scratch_misses;
 thread_local std::vector<Move> scratch_moves;
 thread_local std::vector<float> scratch_appended;
@@ -239,7 +265,7 @@ void open_store(Store& store, torch::Tensor& memory, const std::vector<int64_t>&
 }  // namespace
 
 std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Tensor& tags, torch::Tensor& last_used,
-                                             torch::Tensor& slot_of, torch::Tensor& frequency, int64_t clock,
+                                             torch::Tensor& frequency, int64_t num_rows, int64_t clock,
                                              const torch::Tensor& overflow_ids, int64_t overflow_rows, torch::Tensor& weights,
                                              std::vector<torch::Tensor> states, torch::Tensor& dirty, torch::Tensor& memory,
                                              std::vector<int64_t> fds, bool direct, torch::Tensor& location, int64_t width,
@@ -247,21 +273,20 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                                              const torch::Tensor& staged_ids, const torch::Tensor& staged_records, bool training) {
   TORCH_CHECK(ids.scalar_type() == torch::kLong && overflow_ids.scalar_type() == torch::kLong && staged_ids.scalar_type() == torch::kLong,
               "int64 ids");
-  TORCH_CHECK(tags.scalar_type() == torch::kLong && last_used.scalar_type() == torch::kLong && tags.is_contiguous() &&
-                  last_used.is_contiguous(), "int64 [sets, ways] tags and clocks");
-  TORCH_CHECK(slot_of.scalar_type() == torch::kInt && dirty.scalar_type() == torch::kBool, "int32 slot_of, bool dirty");
+  TORCH_CHECK(tags.scalar_type() == torch::kInt && last_used.scalar_type() == torch::kInt && tags.is_contiguous() &&
+                  last_used.is_contiguous(), "int32 [sets, ways] tags and clocks");
+  TORCH_CHECK(dirty.scalar_type() == torch::kBool, "bool dirty");
   const bool lfu = frequency.numel() > 0;
-  TORCH_CHECK(!lfu || frequency.scalar_type() == torch::kShort, "int16 frequency");
+  TORCH_CHECK(!lfu || (frequency.scalar_type() == torch::kShort && frequency.numel() == num_rows), "int16 frequency per row");
   Slots cached = slots_of(weights, states, width);
   Store store;
   open_store(store, memory, fds, direct, location, width, log_rows, maps, log_used);
 
-  const int64_t sets = tags.size(0), ways = tags.size(1), num_rows = slot_of.numel();
+  const int64_t sets = tags.size(0), ways = tags.size(1);
   const int64_t n = ids.numel();
   const int64_t* id = ids.data_ptr<int64_t>();
-  int64_t* tag = tags.data_ptr<int64_t>();
-  int64_t* used = last_used.data_ptr<int64_t>();
-  int32_t* slot = slot_of.data_ptr<int32_t>();
+  int32_t* tag = tags.data_ptr<int32_t>();
+  int32_t* used = last_used.data_ptr<int32_t>();
   int16_t* freq = lfu ? frequency.data_ptr<int16_t>() : nullptr;
   bool* is_dirty = dirty.data_ptr<bool>();
   const int64_t overflow_base = sets * ways;
@@ -301,65 +326,78 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
 
   // the previous batch's overflow rows leave the cache (this batch may load them again)
   const int64_t* over = overflow_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < overflow_ids.numel(); ++i) {
-    write_back(over[i], overflow_base + i);
-    slot[over[i]] = kEmpty;
-  }
+  for (int64_t i = 0; i < overflow_ids.numel(); ++i) write_back(over[i], overflow_base + i);
   store.flush();
 
-  // hits lock their way and have their slot; distinct misses are collected once (slot_of
-  // marks them pending). Each id's index entry and then its way's clock are cold: both are
-  // prefetched ahead, so their misses overlap.
+  // hits lock their way and have their slot; misses are collected. Each id's set tags are
+  // cold: prefetched 2*kAhead ids ahead, compared kAhead ahead (the found way's clock then
+  // prefetched, the slot kept in a ring until its id's turn), so that the misses overlap.
   torch::Tensor out = torch::empty({n}, torch::kLong);
   int64_t* o = out.data_ptr<int64_t>();
-  std::vector<int64_t>& misses = scratch_misses;
-  misses.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + 2 * kAhead < n && id[i + 2 * kAhead] >= 0 && id[i + 2 * kAhead] < num_rows) __builtin_prefetch(slot + id[i + 2 * kAhead]);
-    if (i + kAhead < n && id[i + kAhead] >= 0 && id[i + kAhead] < num_rows && slot[id[i + kAhead]] >= 0) {
-      __builtin_prefetch(used + slot[id[i + kAhead]], 1);
-    }
+  auto find = [&](int64_t i) -> int64_t {
     const int64_t row = id[i];
     TORCH_CHECK(row >= 0 && row < num_rows, "embedding id ", row, " out of range [0, ", num_rows, ")");
-    const int32_t s = slot[row];
+    const int64_t first = set_of(row, sets) * ways;
+    const int64_t w = way_of(tag + first, ways, static_cast<int32_t>(row));
+    return w < 0 ? kEmpty : first + w;
+  };
+  constexpr int64_t kRing = 2 * kAhead;
+  int64_t ring[kRing];
+  for (int64_t i = 0; i < std::min(n, kAhead); ++i) ring[i] = find(i);
+  // each missed id as (row << 32 | position): one sort orders the rows and keeps where each was
+  TORCH_CHECK(n < (int64_t{1} << 32), "a batch of at most 2^32 ids a table");
+  std::vector<uint64_t>& missed = scratch_missed;
+  missed.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 2 * kAhead < n) prefetch_set(tag + set_of(id[i + 2 * kAhead], sets) * ways, ways, false);
+    if (i + kAhead < n) {
+      const int64_t ahead = find(i + kAhead);
+      ring[(i + kAhead) % kRing] = ahead;
+      if (ahead >= 0) __builtin_prefetch(used + ahead, 1);
+      if (lfu) __builtin_prefetch(freq + id[i + kAhead], 1);
+    }
+    const int64_t s = ring[i % kRing];
     o[i] = s;
-    if (s >= 0) {
-      if (used[s] != clock) {
-        used[s] = clock;
-        ++hits;
-        if (lfu && freq[row] < kFrequencyMax) ++freq[row];
-      }
-    } else if (s == kEmpty) {
-      slot[row] = kPending;
-      misses.push_back(row);
-      if (lfu && freq[row] < kFrequencyMax) ++freq[row];
+    if (s < 0) {
+      missed.push_back(static_cast<uint64_t>(id[i]) << 32 | static_cast<uint64_t>(i));
+    } else if (used[s] != clock) {
+      used[s] = static_cast<int32_t>(clock);
+      ++hits;
+      if (lfu && freq[id[i]] < kFrequencyMax) ++freq[id[i]];
     }
   }
-  std::sort(misses.begin(), misses.end());
+  std::sort(missed.begin(), missed.end());
+  std::vector<int64_t>& misses = scratch_misses;  // distinct, ascending
+  misses.clear();
+  for (const uint64_t key : missed) {
+    const int64_t row = static_cast<int64_t>(key >> 32);
+    if (!misses.empty() && misses.back() == row) continue;
+    misses.push_back(row);
+    if (lfu && freq[row] < kFrequencyMax) ++freq[row];
+  }
+  const int64_t num_misses = static_cast<int64_t>(misses.size());
 
-  // victims first, in ascending id order as the torch path (moving no data yet)
+  // victims next, in ascending id order as the torch path (moving no data yet)
   std::vector<int64_t> spill;
+  std::vector<int64_t> miss_slot(num_misses, kEmpty);
   std::vector<Move>& moves = scratch_moves;
   moves.clear();
-  const int64_t num_misses = static_cast<int64_t>(misses.size());
   for (int64_t m = 0; m < num_misses; ++m) {
-    if (m + 2 * kAhead < num_misses) {  // the set's tags and clocks, a few lines each
+    if (m + 2 * kAhead < num_misses) {  // the set's tags and clocks
       const int64_t ahead = set_of(misses[m + 2 * kAhead], sets) * ways;
-      for (int64_t line = 0; line < ways; line += 8) {
-        __builtin_prefetch(tag + ahead + line, 1);
-        __builtin_prefetch(used + ahead + line, 1);
-      }
+      prefetch_set(tag + ahead, ways, true);
+      prefetch_set(used + ahead, ways, true);
     }
     if (lfu && m + kAhead < num_misses) {  // then, their tags arrived, the ways' request counts
-      const int64_t* ahead = tag + set_of(misses[m + kAhead], sets) * ways;
+      const int32_t* ahead = tag + set_of(misses[m + kAhead], sets) * ways;
       for (int64_t w = 0; w < ways; ++w) {
-        if (ahead[w] >= 0 && ahead[w] < num_rows) __builtin_prefetch(freq + ahead[w]);
+        if (ahead[w] >= 0) __builtin_prefetch(freq + ahead[w]);
       }
     }
     const int64_t row = misses[m];
     const int64_t set = set_of(row, sets);
-    int64_t* set_tags = tag + set * ways;
-    int64_t* set_used = used + set * ways;
+    int32_t* set_tags = tag + set * ways;
+    int32_t* set_used = used + set * ways;
     int64_t best = -1, best_priority = 0;
     for (int64_t w = 0; w < ways; ++w) {
       if (set_used[w] == clock) continue;  // locked: hit or placed this batch
@@ -375,18 +413,16 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
       }
     }
     if (best < 0) {
+      miss_slot[m] = overflow_base + static_cast<int64_t>(spill.size());
       spill.push_back(row);
       continue;
     }
     const int64_t s = set * ways + best;
     const int64_t old = set_tags[best];
-    if (old != kEmpty) {
-      slot[old] = kEmpty;
-      ++evictions;
-    }
-    set_tags[best] = row;
-    set_used[best] = clock;
-    slot[row] = static_cast<int32_t>(s);
+    if (old != kEmpty) ++evictions;
+    set_tags[best] = static_cast<int32_t>(row);
+    set_used[best] = static_cast<int32_t>(clock);
+    miss_slot[m] = s;
     moves.push_back({row, s, old});
   }
 
@@ -409,32 +445,35 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   torch::Tensor overflow = torch::empty({spilled}, torch::kLong);
   if (spilled <= overflow_rows) {  // else the caller raises: the cache is too small for the batch
     for (int64_t k = 0; k < spilled; ++k) {
-      slot[spill[k]] = static_cast<int32_t>(overflow_base + k);
       load(spill[k], overflow_base + k);
       overflow.data_ptr<int64_t>()[k] = spill[k];
     }
-    for (int64_t i = 0; i < n; ++i) {
-      if (o[i] < 0) o[i] = slot[id[i]];  // a miss, placed since
-      if (training) is_dirty[o[i]] = true;
+    int64_t m = -1;  // the placed misses' slots, in the order `missed` has them
+    for (size_t k = 0; k < missed.size(); ++k) {
+      if (k == 0 || (missed[k] >> 32) != (missed[k - 1] >> 32)) ++m;
+      o[missed[k] & 0xffffffffu] = miss_slot[m];
     }
+    for (int64_t i = 0; training && i < n; ++i) is_dirty[o[i]] = true;
   }
   store.flush();
-  const int64_t values[8] = {hits, static_cast<int64_t>(misses.size()), evictions, spilled, loaded, prefetched, written, store.log_used};
+  const int64_t values[8] = {hits, num_misses, evictions, spilled, loaded, prefetched, written, store.log_used};
   std::copy(values, values + 8, stats.data_ptr<int64_t>());
   return {out, overflow, stats};
 }
 
-torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& slot_of) {
-  TORCH_CHECK(ids.scalar_type() == torch::kLong && slot_of.scalar_type() == torch::kInt, "int64 ids, int32 slot_of");
+torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& tags, int64_t num_rows) {
+  TORCH_CHECK(ids.scalar_type() == torch::kLong && tags.scalar_type() == torch::kInt && tags.is_contiguous(),
+              "int64 ids, int32 [sets, ways] tags");
   const int64_t* id = ids.data_ptr<int64_t>();
-  const int32_t* slot = slot_of.data_ptr<int32_t>();
-  const int64_t num_rows = slot_of.numel();
+  const int32_t* tag = tags.data_ptr<int32_t>();
+  const int64_t sets = tags.size(0), ways = tags.size(1);
   std::vector<int64_t> missing;
   const int64_t n = ids.numel();
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n && id[i + kAhead] >= 0 && id[i + kAhead] < num_rows) __builtin_prefetch(slot + id[i + kAhead]);
-    TORCH_CHECK(id[i] >= 0 && id[i] < num_rows, "embedding id ", id[i], " out of range [0, ", num_rows, ")");
-    if (slot[id[i]] < 0) missing.push_back(id[i]);
+    if (i + kAhead < n) prefetch_set(tag + set_of(id[i + kAhead], sets) * ways, ways, false);
+    const int64_t row = id[i];
+    TORCH_CHECK(row >= 0 && row < num_rows, "embedding id ", row, " out of range [0, ", num_rows, ")");
+    if (way_of(tag + set_of(row, sets) * ways, ways, static_cast<int32_t>(row)) < 0) missing.push_back(row);
   }
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
