@@ -133,7 +133,7 @@ def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path,
             t.prefetch(ids)
         sc, st = c.install(ids, training), t.install(ids, training)
         assert torch.equal(sc, st)
-        for name in ("tags", "last_used", "overflow_ids", "frequency"):
+        for name in ("tags", "last_used", "overflow_ids", "frequency", "way_frequency"):
             a, b = getattr(c.cache, name), getattr(t.cache, name)
             assert (a is None and b is None) or torch.equal(a, b), name
         assert torch.equal(c.dirty, t.dirty) and c.cache.counters == t.cache.counters

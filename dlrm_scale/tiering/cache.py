@@ -9,8 +9,8 @@ the next batch (`take_overflow`), so a batch never fails for an unlucky hash.
 Everything is vectorised over the batch (torch ops, no Python loop per id), as FBGEMM's
 `lxu_cache` kernels are on a GPU. A row is found by comparing its set's tags, as FBGEMM does:
 the index costs 8 bytes a slot (an int32 tag and an int32 clock), none per row of the shard
-(LFU adds its 2-byte request count per row). A dense row -> slot map would make finding a row
-one gather, for 4 more bytes a row, the most of tiering's resident overhead.
+(LFU adds a 2-byte request count a row, and its copy a slot). A dense row -> slot map would
+make finding a row one gather, for 4 more bytes a row: most of tiering's resident overhead.
 """
 
 from __future__ import annotations
@@ -86,6 +86,9 @@ class SetAssociativeCache:
         # LFU ranks rows by how often they were ever requested (as FBGEMM's LFU cache does),
         # counting to FREQUENCY_MAX (2 bytes a row; rows that hot are all kept, by recency)
         self.frequency = torch.zeros(num_rows, dtype=torch.int16) if policy == "lfu" else None
+        # and each way's row's count beside its tag (2 bytes a slot): a victim is chosen from
+        # its set's counts, not from 32 rows' entries scattered over the shard's
+        self.way_frequency = torch.zeros((self.sets, self.ways), dtype=torch.int16) if policy == "lfu" else None
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
         self.clock = 0
         self.counters = CacheCounters()
@@ -129,7 +132,9 @@ class SetAssociativeCache:
         self.last_used.view(-1)[slots[hit]] = self.clock
         if self.frequency is not None:
             counts = self.frequency[ids]
-            self.frequency[ids] = torch.where(counts < FREQUENCY_MAX, counts + 1, counts)
+            counts = torch.where(counts < FREQUENCY_MAX, counts + 1, counts)
+            self.frequency[ids] = counts
+            self.way_frequency.view(-1)[slots[hit]] = counts[hit]
 
         miss = ~hit
         miss_ids = ids[miss]
@@ -158,6 +163,8 @@ class SetAssociativeCache:
         placed_ids = miss_ids[fits]
         self.tags[victim_sets, way] = placed_ids.to(torch.int32)
         self.last_used[victim_sets, way] = self.clock
+        if self.frequency is not None:
+            self.way_frequency[victim_sets, way] = self.frequency[placed_ids]
         placed_slots = victim_sets * W + way
         miss_slots = torch.empty(n_miss, dtype=torch.int64)
         miss_slots[fits] = placed_slots
@@ -183,7 +190,7 @@ class SetAssociativeCache:
         batch are locked and come last) and how many ways are not locked."""
         tags = self.tags[sets]
         if self.frequency is not None:
-            freq = torch.where(tags >= 0, self.frequency[tags.clamp(min=0)].to(torch.int64), torch.full_like(tags, -1))
+            freq = torch.where(tags >= 0, self.way_frequency[sets].to(torch.int64), -1)
             priority = (freq << 32) + self.last_used[sets]
         else:
             priority = self.last_used[sets].long()
@@ -207,3 +214,4 @@ class SetAssociativeCache:
         self.overflow_ids = torch.empty(0, dtype=torch.int64)
         if self.frequency is not None:
             self.frequency.zero_()
+            self.way_frequency.zero_()

@@ -184,7 +184,8 @@ class TieredShard:
             staged_records = future.result()  # before any write: the read must not race one
         store.reserve_log(len(cache.overflow_ids) + len(ids))
         slots, overflow, stats = self._kernels.row_cache_install(
-            ids, cache.tags, cache.last_used, _NO_FREQUENCY if cache.frequency is None else cache.frequency, cache.num_rows,
+            ids, cache.tags, cache.last_used, *((_NO_FREQUENCY, _NO_FREQUENCY) if cache.frequency is None else (cache.frequency, cache.way_frequency)),
+            cache.num_rows,
             cache.tick(), cache.overflow_ids, cache.overflow_rows, self.weights, self.states, self.dirty, *store.backing(),
             store.log_used, staged_ids, staged_records, training)
         hits, misses, evictions, spilled, loaded, prefetched, written, store.log_used = stats.tolist()

@@ -14,7 +14,7 @@ torch::Tensor dot_interaction_backward(const torch::Tensor& combined, const torc
 
 // A cached shard's per-batch work and its row store's reads; see row_cache_cpu.cpp.
 std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Tensor& tags, torch::Tensor& last_used,
-                                             torch::Tensor& frequency, int64_t num_rows, int64_t clock,
+                                             torch::Tensor& frequency, torch::Tensor& way_frequency, int64_t num_rows, int64_t clock,
                                              const torch::Tensor& overflow_ids, int64_t overflow_rows, torch::Tensor& weights,
                                              std::vector<torch::Tensor> states, torch::Tensor& dirty, torch::Tensor& memory,
                                              std::vector<int64_t> fds, bool direct, torch::Tensor& location, int64_t width,

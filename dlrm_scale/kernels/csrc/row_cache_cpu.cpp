@@ -265,7 +265,7 @@ void open_store(Store& store, torch::Tensor& memory, const std::vector<int64_t>&
 }  // namespace
 
 std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Tensor& tags, torch::Tensor& last_used,
-                                             torch::Tensor& frequency, int64_t num_rows, int64_t clock,
+                                             torch::Tensor& frequency, torch::Tensor& way_frequency, int64_t num_rows, int64_t clock,
                                              const torch::Tensor& overflow_ids, int64_t overflow_rows, torch::Tensor& weights,
                                              std::vector<torch::Tensor> states, torch::Tensor& dirty, torch::Tensor& memory,
                                              std::vector<int64_t> fds, bool direct, torch::Tensor& location, int64_t width,
@@ -277,7 +277,9 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                   last_used.is_contiguous(), "int32 [sets, ways] tags and clocks");
   TORCH_CHECK(dirty.scalar_type() == torch::kBool, "bool dirty");
   const bool lfu = frequency.numel() > 0;
-  TORCH_CHECK(!lfu || (frequency.scalar_type() == torch::kShort && frequency.numel() == num_rows), "int16 frequency per row");
+  TORCH_CHECK(!lfu || (frequency.scalar_type() == torch::kShort && frequency.numel() == num_rows && way_frequency.scalar_type() == torch::kShort &&
+                       way_frequency.sizes() == tags.sizes() && way_frequency.is_contiguous()),
+              "int16 frequency per row and per way");
   Slots cached = slots_of(weights, states, width);
   Store store;
   open_store(store, memory, fds, direct, location, width, log_rows, maps, log_used);
@@ -288,6 +290,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   int32_t* tag = tags.data_ptr<int32_t>();
   int32_t* used = last_used.data_ptr<int32_t>();
   int16_t* freq = lfu ? frequency.data_ptr<int16_t>() : nullptr;
+  int16_t* way_freq = lfu ? way_frequency.data_ptr<int16_t>() : nullptr;  // freq[tag], beside the tag
   bool* is_dirty = dirty.data_ptr<bool>();
   const int64_t overflow_base = sets * ways;
 
@@ -363,7 +366,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
     } else if (used[s] != clock) {
       used[s] = static_cast<int32_t>(clock);
       ++hits;
-      if (lfu && freq[id[i]] < kFrequencyMax) ++freq[id[i]];
+      if (lfu && freq[id[i]] < kFrequencyMax) way_freq[s] = ++freq[id[i]];
     }
   }
   std::sort(missed.begin(), missed.end());
@@ -383,15 +386,12 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   std::vector<Move>& moves = scratch_moves;
   moves.clear();
   for (int64_t m = 0; m < num_misses; ++m) {
-    if (m + 2 * kAhead < num_misses) {  // the set's tags and clocks
+    if (m + 2 * kAhead < num_misses) {  // the set's tags, clocks and counts; the miss's count
       const int64_t ahead = set_of(misses[m + 2 * kAhead], sets) * ways;
       prefetch_set(tag + ahead, ways, true);
       prefetch_set(used + ahead, ways, true);
-    }
-    if (lfu && m + kAhead < num_misses) {  // then, their tags arrived, the ways' request counts
-      const int32_t* ahead = tag + set_of(misses[m + kAhead], sets) * ways;
-      for (int64_t w = 0; w < ways; ++w) {
-        if (ahead[w] >= 0) __builtin_prefetch(freq + ahead[w]);
+      if (lfu) {
+        for (int64_t w = 0; w < ways; w += 32) __builtin_prefetch(way_freq + ahead + w, 1);
       }
     }
     const int64_t row = misses[m];
@@ -405,7 +405,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
       if (set_tags[w] == kEmpty) {
         priority = -1;
       } else {
-        priority = lfu ? (static_cast<int64_t>(freq[set_tags[w]]) << 32) + set_used[w] : set_used[w];
+        priority = lfu ? (static_cast<int64_t>(way_freq[set * ways + w]) << 32) + set_used[w] : set_used[w];
       }
       if (best < 0 || priority < best_priority) {
         best = w;
@@ -422,6 +422,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
     if (old != kEmpty) ++evictions;
     set_tags[best] = static_cast<int32_t>(row);
     set_used[best] = static_cast<int32_t>(clock);
+    if (lfu) way_freq[s] = freq[row];
     miss_slot[m] = s;
     moves.push_back({row, s, old});
   }
