@@ -6,8 +6,9 @@
    (dlrm_scale.tiering.cache, 32-way set-associative), at several cache sizes; also the Zipf
    formulas the planner falls back on without a profile, against a steady-state replay.
 2. speed: configs/bench_tiered.yaml (4.2 GB of rows and optimizer state) with fast memory
-   1/4 and 1/10 of it, Zipf 1.05 and 0.8, LRU and LFU, each planned by our planner (rows on
-   SSD behind 25% or 10% caches); trained on 2 gloo ranks, every variant and the same plans
+   1/4 and 1/10 of it, Zipf 1.05 and 0.8, LRU and LFU, each profiled (`dlrm-scale profile`,
+   as many steps as the runs train) and planned by our planner from those statistics (rows on
+   SSD behind 25% or 10% caches), and priced by `simulate` with them; trained on 2 gloo ranks, every variant and the same plans
    all in memory run once per round, rounds repeated; the SSD store read as the hardware
    profile's `cpu_kernels.store_io` says (calibrate's choice; `--store-io` for the other).
    Samples/s: medians over the runs of each run's steady windows; ratios per round. Then one
@@ -186,14 +187,14 @@ def disk_read_bandwidth(directory: Path, size_bytes: int = 1 << 30, seconds: flo
     return out
 
 
-def predicted_cache_ms(config: Path, tiered: Path, memory: Path) -> float:
+def predicted_cache_ms(config: Path, tiered: Path, memory: Path, stats: Path) -> float:
     """What the cost model says the caches add to a step, on the rank where they add the most:
     the embedding phase group of the tiered plan less the in-memory plan's (cache_miss_ms and
-    cache_lookup_ms of each cached shard), from `dlrm-scale simulate`."""
-    from dlrm_scale.run_config import load_run_config
+    cache_lookup_ms of each cached shard), from `dlrm-scale simulate --stats`."""
+    from dlrm_scale.run_config import Overrides, load_run_config
     from dlrm_scale.tools.simulate import simulate
 
-    run = load_run_config(config)
+    run = load_run_config(config, Overrides(stats=str(stats)))
     tiered_sim, memory_sim = (simulate(Plan.load(p), run.problem, run.model, run.train.dense_optimizer) for p in (tiered, memory))
     return max(t.phases_ms["embedding"] - m.phases_ms["embedding"] for t, m in zip(tiered_sim.ranks, memory_sim.ranks))
 
@@ -221,11 +222,14 @@ def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
 def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="tiering_bench_"))
     kinds: dict[str, tuple[Path, Path]] = {}  # kind -> (config, plan)
+    stats_of: dict[str, Path] = {}  # variant -> its profile's stats.json
     for name, zipf, policy, factor in variants:
         config = variant_config(work, name, zipf, policy, factor)
-        plan_path = work / f"{name}.json"
-        subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", str(config), "--out", str(plan_path)], cwd=ROOT, check=True,
-                       capture_output=True)
+        plan_path, stats = work / f"{name}.json", work / f"{name}.stats.json"
+        for command in (["profile", str(config), "--batches", str(steps), "--out", str(stats)],
+                        ["plan", str(config), "--stats", str(stats), "--out", str(plan_path)]):
+            subprocess.run([sys.executable, "-m", "dlrm_scale.cli", *command], cwd=ROOT, check=True, capture_output=True)
+        stats_of[name] = stats
         kinds[name] = (config, plan_path)
         memory = f"memory_zipf{zipf}"
         if memory not in kinds:
@@ -246,7 +250,7 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | 
 
     measured = {}
     for name, zipf, policy, factor in variants:
-        plan = Plan.load(kinds[name][1])
+        plan, stats = Plan.load(kinds[name][1]), stats_of[name]
         memory = f"memory_zipf{zipf}"
         ratios = [t["samples_per_s"] / m["samples_per_s"] for t, m in zip(runs[name], runs[memory])]  # same round
         measured[name] = {
@@ -254,19 +258,28 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | 
             "plan": sorted({f"{t.compute_kernel}/{t.shards[0].tier}/{t.cache_load_factor}" for t in plan.tables.values()}),
             "tiered_samples_per_s": median(name, "samples_per_s"), "in_memory_samples_per_s": median(memory, "samples_per_s"),
             "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
-            "cache_hit_rate": median(name, "cache_hit_rate"), "misses_per_step_per_rank": median(name, "misses_per_step_per_rank"),
+            "cache_hit_rate": median(name, "cache_hit_rate"), "profiled_hit_rate": profiled_hit_rate(stats, policy, factor), "misses_per_step_per_rank": median(name, "misses_per_step_per_rank"),
             "cache_install_ms_per_step": median(name, "cache_install_ms_per_step"),
             "tiering_phase_ms": statistics.median(r["phase_ms"]["tiering"] for r in runs[name]),
             "rss_tiered_bytes": max(r["rss_bytes"] for r in runs[name]), "rss_in_memory_bytes": max(r["rss_bytes"] for r in runs[memory]),
             "rss_anon_tiered_bytes": max(r["rss_anon_bytes"] for r in runs[name]),
             "rss_anon_in_memory_bytes": max(r["rss_anon_bytes"] for r in runs[memory]),
             "cache_ms_measured": statistics.median(measured_cache_ms(t, m) for t, m in zip(runs[name], runs[memory])),
-            "cache_ms_predicted": predicted_cache_ms(kinds[name][0], kinds[name][1], kinds[memory][1]),
+            "cache_ms_predicted": predicted_cache_ms(kinds[name][0], kinds[name][1], kinds[memory][1], stats),
         }
         measured[name]["cache_ms_error"] = measured[name]["cache_ms_predicted"] / measured[name]["cache_ms_measured"] - 1
         measured[name]["runs"] = {"tiered": runs[name], "in_memory": runs[memory]}  # round by round
         measured[name].update(resident_overhead(plan, measured[name]["rss_anon_tiered_bytes"], measured[name]["rss_anon_in_memory_bytes"]))
     return {"steps": steps, "repeats": repeats, "store_io": store_io or profile_store_io(), "variants": measured}
+
+
+def profiled_hit_rate(stats: Path, policy: str, load_factor: float) -> float:
+    """The hit rate the plan was priced with: `dlrm-scale profile`'s curve at the cache's size,
+    weighted by each table's distinct ids a step."""
+    from planner.access_stats import load_stats
+
+    tables = load_stats(stats).values()
+    return sum(a.curve(policy).at(load_factor) * a.unique_ids_per_batch for a in tables) / sum(a.unique_ids_per_batch for a in tables)
 
 
 def profile_store_io() -> str:
@@ -341,14 +354,16 @@ def main() -> int:
             print(f"| {e} | {c['max_profile_error_points']:.2f} | {c['max_zipf_model_error_points']:.2f} |")
     if "speed" in results:
         s = results["speed"]
-        print("| rows / fast memory | Zipf | policy | hit rate | samples/s tiered | in memory | ratio (range) | "
-              "cache ms/step: install, read-ahead | cache ms/step: measured, simulate |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| rows / fast memory | Zipf | policy | hit rate: measured, profiled | samples/s tiered | in memory | ratio (range) | "
+              "cache ms/step: install, read-ahead | cache ms/step: measured, simulate | resident overhead, bytes/row |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, v in s["variants"].items():
-            print(f"| {name.split('_')[0]} | {v['zipf']} | {v['policy']} | {v['cache_hit_rate']:.3f} | {v['tiered_samples_per_s']:,.0f} | "
+            print(f"| {name.split('_')[0]} | {v['zipf']} | {v['policy']} | {v['cache_hit_rate']:.3f}, {v['profiled_hit_rate']:.3f} | "
+                  f"{v['tiered_samples_per_s']:,.0f} | "
                   f"{v['in_memory_samples_per_s']:,.0f} | **{v['ratio']:.2f}x** ({v['ratio_range'][0]:.2f}-{v['ratio_range'][1]:.2f}) | "
                   f"{v['cache_install_ms_per_step']:.1f}, {v['tiering_phase_ms']:.1f} | "
-                  f"{v['cache_ms_measured']:.1f}, {v['cache_ms_predicted']:.1f} ({100 * v['cache_ms_error']:+.0f}%) |")
+                  f"{v['cache_ms_measured']:.1f}, {v['cache_ms_predicted']:.1f} ({100 * v['cache_ms_error']:+.0f}%) | "
+                  f"{v['overhead_bytes_per_row']:.1f} |")
     if "direct" in results:
         d, memory = results["direct"], results.get("speed", {}).get("variants", {}).get("10x", {}).get("in_memory_samples_per_s")
         ratio = f" ({d['run']['samples_per_s'] / memory:.3f}x in memory)" if memory else ""

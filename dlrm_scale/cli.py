@@ -117,6 +117,7 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, help="per rank")
     p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16")
     p.add_argument("--measured", metavar="RUN_DIR", help="a finished run of this plan: predicted beside measured, per rank and phase")
+    p.add_argument("--stats", help="the stats.json the plan was made with ('plan --stats'): its caches' hit rates")
     p.add_argument("--json", help="also write the simulation as JSON here")
 
 
@@ -148,7 +149,7 @@ def simulate_measured(args: argparse.Namespace, plan: Plan) -> int:
     for flag, value in (("--config", args.config), ("--batch-size", args.batch_size), ("--comm-precision", args.comm_precision)):
         if value is not None:
             raise ConfigError(f"simulate --measured: {flag} cannot apply, the run recorded what it trained; drop {flag}")
-    measured = load_run(args.measured, args.hardware)
+    measured = load_run(args.measured, args.hardware, args.stats)
     if measured.plan.to_dict()["tables"] != plan.to_dict()["tables"]:
         raise ConfigError(f"simulate --measured: {args.measured} trained another plan than {args.plan}; "
                           f"give its own, {Path(args.measured) / 'plan.json'}")
@@ -167,6 +168,7 @@ def add_explain_parser(sub) -> None:
     p.add_argument("--config", required=True, help="the config the plan is for")
     p.add_argument("--table", help="explain this table only")
     p.add_argument("--hardware", help="hardware profile (default: the config's)")
+    p.add_argument("--stats", help="the stats.json the plan was made with ('plan --stats'): its caches' hit rates")
     p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
 
 

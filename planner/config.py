@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -320,14 +320,20 @@ def problem_from_doc(
     training = TrainingSpec(**{**training_section, **(training_overrides or {})})
     tables = _tables(config, where, base, tables_csv)
     tiering = section_dataclass(config, "tiering", TieringSpec, where)
-    access = {}
+    problem = PlanningProblem(tuple(tables), cluster, training, tiering)
     if stats_path is not None:
-        access = load_stats(stats_path)
-        unknown = sorted(set(access) - {t.name for t in tables})
-        if unknown:
-            raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
-    problem = PlanningProblem(tuple(tables), cluster, training, tiering, access)
+        problem = with_access_stats(problem, stats_path)
     return constrain(problem, config["constraints"]) if config.get("constraints") is not None else problem
+
+
+def with_access_stats(problem: PlanningProblem, stats_path: str | Path) -> PlanningProblem:
+    """The problem with the measured access statistics of `dlrm-scale profile` (hit-rate
+    curves, pooling) in place of its tables' Zipf laws."""
+    access = load_stats(stats_path)
+    unknown = sorted(set(access) - {t.name for t in problem.tables})
+    if unknown:
+        raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
+    return replace(problem, access=access)
 
 
 def _tables(config: dict[str, Any], where: str, base: Path, tables_csv: str | Path | None) -> list[TableSpec]:

@@ -86,6 +86,40 @@ def test_profile_writes_stats_that_plan_reads(tmp_path: Path):
     assert r.returncode == 2 and r.stderr.strip().endswith("describes table 'nope' that the config does not have; profile this config")
 
 
+CACHED_CONFIG = """hardware: cpu_gloo
+cluster: {world_size: 2, ddr_gib_per_node: 0.02, ssd_gib_per_node: 4}
+training: {batch_size_per_rank: 256, embedding_optimizer: rowwise_adagrad}
+tiering: {policy: lru, load_factors: [0.25]}
+tables:
+  - {name: a, num_embeddings: 200000, embedding_dim: 16, pooling_factor: 4.0, zipf_exponent: 1.05}
+  - {name: b, num_embeddings: 200000, embedding_dim: 16, pooling_factor: 4.0, zipf_exponent: 1.05}
+model: {arch: dlrm, num_dense_features: 13, dense_arch: [32, 16], over_arch: [32, 1]}
+"""
+
+
+def test_simulate_and_explain_price_caches_with_the_stats_the_plan_was_made_with(tmp_path: Path):
+    config, stats, plan = tmp_path / "c.yaml", tmp_path / "stats.json", tmp_path / "plan.json"
+    config.write_text(CACHED_CONFIG)
+    assert cli("profile", str(config), "--batches", "40", "--out", str(stats)).returncode == 0
+    r = cli("plan", str(config), "--stats", str(stats), "--out", str(plan), "--time-limit", "2")
+    assert r.returncode == 0 and all(t["compute_kernel"] == "key_value" for t in json.loads(plan.read_text())["tables"].values())
+
+    def embedding_ms(hit_rate: float) -> float:
+        doc = json.loads(stats.read_text())
+        for t in doc["tables"].values():
+            t["lru_hit_rate"] = [hit_rate] * len(t["lru_hit_rate"])
+        given = tmp_path / f"stats{hit_rate}.json"
+        given.write_text(json.dumps(doc))
+        out = tmp_path / f"sim{hit_rate}.json"
+        r = cli("simulate", str(plan), "--config", str(config), "--stats", str(given), "--json", str(out))
+        assert r.returncode == 0, r.stderr
+        return json.loads(out.read_text())["ranks"][0]["phases_ms"]["embedding"]
+
+    assert embedding_ms(0.0) > embedding_ms(1.0) * 1.2  # every id a miss costs more than every id a hit
+    r = cli("explain", str(plan), "--config", str(config), "--stats", str(tmp_path / "stats1.0.json"))
+    assert r.returncode == 0, r.stderr
+
+
 def test_output_cut_short_by_a_pipe_ends_quietly(tmp_path):
     """More output than a pipe buffers (a line per table of 3,000), read by `head -1`."""
     tables = tmp_path / "t.csv"

@@ -15,6 +15,7 @@ from dlrm_scale.run_config import ModelConfig, RunConfig, load_run_config, run_d
 from dlrm_scale.tools.fit import compare, fit_runs, profile_values
 from dlrm_scale.tools.runs import MeasuredRun, load_run
 from dlrm_scale.tools.simulate import PHASE_GROUPS, simulate
+from planner.access_stats import save_stats, zipf_access
 from planner.errors import ConfigError
 from planner.plan import uniform_plan
 from planner.planning import make_plan
@@ -123,6 +124,16 @@ def test_simulate_measured_puts_prediction_beside_the_run(real_runs):
     assert "rank 0 pred" in r.stdout and "largest misses" in r.stdout and "measured" in r.stdout
     other = cli("simulate", str(real_runs[0] / "plan.json"), "--measured", str(run))
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "trained another plan" in other.stderr
+
+
+def test_a_run_is_priced_with_the_stats_given(real_runs, tmp_path):
+    """Stats that describe a table the run does not have are refused, so they were read."""
+    stats = tmp_path / "stats.json"
+    save_stats({"not_a_table": zipf_access("not_a_table", 1000, 1.0, 64, 1.0, (0.1, 1.0))}, stats, "test")
+    with pytest.raises(ConfigError, match="describes table 'not_a_table'"):
+        load_run(real_runs[0], stats=stats)
+    r = cli("simulate", str(real_runs[0] / "plan.json"), "--measured", str(real_runs[0]), "--stats", str(stats))
+    assert r.returncode == 2 and "describes table 'not_a_table'" in r.stderr
 
 
 def test_damaged_or_missing_runs_are_one_line(real_runs, tmp_path):

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dlrm_scale.run_config import RunConfig, run_from_document
 from dlrm_scale.tools.simulate import PHASE_GROUPS
 from dlrm_scale.training.phases import PHASES
+from planner.config import with_access_stats
 from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan, check_plan_tables
 
@@ -30,8 +31,10 @@ class MeasuredRun:
     windows: int
 
 
-def load_run(directory: str | Path, hardware: str | None = None) -> MeasuredRun:
-    """The run in `directory`, priced with `hardware` (default: the profile it was trained with)."""
+def load_run(directory: str | Path, hardware: str | None = None, stats: str | Path | None = None) -> MeasuredRun:
+    """The run in `directory`, priced with `hardware` (default: the profile it was trained with)
+    and the access statistics `stats` (a `dlrm-scale profile` stats.json; default: the tables'
+    Zipf laws)."""
     directory = Path(directory)
     fix = "give the --out-dir of a finished 'dlrm-scale train' run"
     metrics = directory / "metrics.jsonl"
@@ -52,6 +55,8 @@ def load_run(directory: str | Path, hardware: str | None = None) -> MeasuredRun:
     if record is None:
         raise ConfigError(f"{metrics} has no run record (written since dlrm-scale records runs); re-run the training")
     run = run_from_document(record, f"{metrics}: run record", hardware)
+    if stats is not None:
+        run = replace(run, problem=with_access_stats(run.problem, stats))
     try:
         plan = Plan.load(directory / "plan.json")
         check_plan_tables(plan, run.problem)
