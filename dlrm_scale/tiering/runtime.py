@@ -31,7 +31,7 @@ from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBa
 
 from dlrm_scale.bridge.resident import embedding_kernels
 from dlrm_scale.kernels.cpu_extension import built, load
-from dlrm_scale.tiering.cache import CacheTooSmallError, SetAssociativeCache
+from dlrm_scale.tiering.cache import MAX_ROWS, CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore, open_direct
 from planner.cost_model import rows_bytes
 from planner.errors import ConfigError
@@ -354,6 +354,9 @@ class TieredEmbeddings:
                                      io=self.runtime.store_io)
             else:
                 store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
+            if tp.num_embeddings > MAX_ROWS:
+                raise ConfigError(f"cached table '{table.name}' has {tp.num_embeddings:,} rows, more than a row cache indexes "
+                                  f"({MAX_ROWS:,}); hash its ids to fewer rows, or plan without tiering (tiering: {{enabled: false}})")
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
             shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
             shards[j] = self.shards[(table.name, col)] = shard
