@@ -72,6 +72,13 @@ inline int64_t way_of(const int32_t* set_tags, int64_t ways, int32_t row) {
   return -1;
 }
 
+// The slot of `row` (its set's first slot plus its way), or kEmpty where it is not cached.
+inline int64_t cached_slot(const int32_t* tag, int64_t sets, int64_t ways, int64_t row) {
+  const int64_t first = set_of(row, sets) * ways;
+  const int64_t w = way_of(tag + first, ways, static_cast<int32_t>(row));
+  return w < 0 ? kEmpty : first + w;
+}
+
 inline void prefetch_set(const int32_t* set_first, int64_t ways, bool write) {
   for (int64_t w = 0; w < ways; w += 16) write ? __builtin_prefetch(set_first + w, 1) : __builtin_prefetch(set_first + w);
 }
@@ -340,9 +347,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   auto find = [&](int64_t i) -> int64_t {
     const int64_t row = id[i];
     TORCH_CHECK(row >= 0 && row < num_rows, "embedding id ", row, " out of range [0, ", num_rows, ")");
-    const int64_t first = set_of(row, sets) * ways;
-    const int64_t w = way_of(tag + first, ways, static_cast<int32_t>(row));
-    return w < 0 ? kEmpty : first + w;
+    return cached_slot(tag, sets, ways, row);
   };
   constexpr int64_t kRing = 2 * kAhead;
   int64_t ring[kRing];
@@ -474,7 +479,7 @@ torch::Tensor row_cache_missing(const torch::Tensor& ids, const torch::Tensor& t
     if (i + kAhead < n) prefetch_set(tag + set_of(id[i + kAhead], sets) * ways, ways, false);
     const int64_t row = id[i];
     TORCH_CHECK(row >= 0 && row < num_rows, "embedding id ", row, " out of range [0, ", num_rows, ")");
-    if (way_of(tag + set_of(row, sets) * ways, ways, static_cast<int32_t>(row)) < 0) missing.push_back(row);
+    if (cached_slot(tag, sets, ways, row) < 0) missing.push_back(row);
   }
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
