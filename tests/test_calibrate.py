@@ -58,8 +58,10 @@ def test_store_miss_samples_time_real_misses(tmp_path):
     from dlrm_scale.tools.store_timing import store_miss_samples
 
     samples = store_miss_samples(tmp_path, dims=(16,), rows=20_000, batches=3)
-    # uniform ids, a quarter of the rows cached: about three in four miss
+    # uniform ids, a quarter of the rows cached: about three in four miss, and the cache was
+    # full before the timing began, so (nearly) every miss evicts a row, as in steady training
     assert samples[0]["misses"] > 0.6 * samples[0]["ids"] and samples[0]["seconds"] > samples[0]["hit_seconds"] > 0
+    assert samples[0]["evictions"] > 0.95 * samples[0]["misses"]
     assert not list(tmp_path.iterdir())  # its files are gone
 
 

@@ -33,7 +33,7 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
                        io: str = "pread") -> list[dict]:
     """Times of a table kept on SSD (dlrm_scale.tiering.runtime: row cache in front of the
     log-structured file store in `directory`, read the `io` way), one sample per embedding
-    dim: batches of uniform ids, most missing once the cache is full, and the last batch
+    dim: batches of uniform ids, most missing, into a full cache, and the last batch
     again, all hits (the cost every id pays). The table is as large as the ones tiering is for
     (2M rows, a quarter cached, batches of ~31k ids): a miss's cost grows with the index and
     the store it walks (a 1M-row table with a tenth cached priced misses ~35% cheaper here). Each batch is read ahead, then installed, as the
@@ -53,16 +53,20 @@ def store_miss_samples(directory: Path, dims: tuple[int, ...] = (16, 128), rows:
             shard = TieredShard("calibration", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store,
                                 SetAssociativeCache(cache_rows, rows), None)
             g = torch.Generator().manual_seed(1)
-            for _ in range(5):  # fill the cache first: then every miss also evicts and writes back
-                shard.install(torch.randint(0, rows, (batch,), generator=g), training=True)
-            misses, seconds, hit_seconds = shard.cache.counters.misses, 0.0, 0.0
+            # fill the cache first, with twice as many distinct rows as it holds: then every set is
+            # full, every miss timed also evicts and writes back, and the log is partly used, as
+            # in steady training (uniform batches alone fill a quarter-cache only after ~20 of them)
+            for chunk in torch.randperm(rows, generator=g)[:2 * cache_rows].split(batch):
+                shard.install(chunk, training=True)
+            before, seconds, hit_seconds = shard.cache.counters.as_dict(), 0.0, 0.0
             for _ in range(batches):
                 ids = torch.randint(0, rows, (batch,), generator=g)
                 seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
             for _ in range(batches):
                 hit_seconds += timed_cold(lambda: read_ahead_and_install(shard, ids))
-            samples.append({"dim": dim, "ids": batches * batch, "misses": shard.cache.counters.misses - misses, "seconds": seconds,
-                            "hit_seconds": hit_seconds})
+            after = shard.cache.counters.as_dict()
+            samples.append({"dim": dim, "ids": batches * batch, "misses": after["misses"] - before["misses"],
+                            "evictions": after["evictions"] - before["evictions"], "seconds": seconds, "hit_seconds": hit_seconds})
             store.close()
     return samples
 
