@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig
-from dlrm_scale.tiering.runtime import check_store_directory
+from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan
@@ -81,12 +81,13 @@ def obtain_plan(job: TrainJob, run: RunConfig, rank: int) -> Plan:
 
 def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -> None:
     """What a plan needs of this machine: comm precisions its schemes can use here, and (CPU)
-    cached tables that can be cached on CPU, with room for their SSD rows."""
+    cached tables that can be cached on CPU (their rows within the row cache's index), with room for their SSD rows."""
     training = run.problem.training
     check_precisions_trainable({n: t.sharding_type for n, t in plan.tables.items()}, training.fwd_comm_precision,
                                training.bwd_comm_precision, device)
     if device == "cpu":
         resident_plan(plan)  # a cached table that cannot be cached on CPU is one line, here
+        check_row_cache_rows(plan)
         store = run.train.store_dir
         check_store_directory(plan, ranks, Path(store) if store else None, training.embedding_optimizer, run.train.store_io)
 

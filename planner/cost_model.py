@@ -48,6 +48,7 @@ class OptionRequest:
     cache_fraction: float = 1.0
     hit_rate: float = 1.0
     unique_ratio: float = 1.0
+    policy: str = "lru"  # the cache's replacement policy (its index's size depends on it)
 
     @property
     def cached(self) -> bool:
@@ -66,7 +67,7 @@ def cached_request(table: TableSpec, sharding_type: ShardingType, geometries: tu
                    access: TableAccess, policy: str) -> OptionRequest:
     """A cached option to cost: rows in `tier`, `fraction` of each shard's rows cached."""
     return OptionRequest(table, sharding_type, cached_kernel_for(tier), tier, geometries, cache_fraction=fraction,
-                         hit_rate=access.curve(policy).at(fraction), unique_ratio=access.unique_ratio)
+                         hit_rate=access.curve(policy).at(fraction), unique_ratio=access.unique_ratio, policy=policy)
 
 
 def transfer_ms(num_bytes: float, gb_per_s: float) -> float:
@@ -231,6 +232,23 @@ def rows_bytes(rows: int, cols: int, optimizer: str) -> int:
     return rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer)
 
 
+def cache_index_bytes(rows: int, slots: int, policy: str, tier: str, device: str) -> int:
+    """Device-tier bytes a cached shard's bookkeeping takes beside its cached rows, for a shard
+    of `rows` with a cache of `slots`.
+
+    CPU (dlrm_scale.tiering): per slot an int32 tag, an int32 clock and a dirty flag; LFU adds
+    an int16 count per slot and per row; rows kept in a file add their int32 log location.
+    GPU (FBGEMM's cached TBE, as its own memory report counts it): per slot an int64 cache
+    state and an int64 LRU clock, per row an int32 table map; LFU keeps its int64 count per
+    row instead of per slot. Assumes no prefetch pipeline (its int32 lock count per slot), and
+    takes FBGEMM's SSD TBE to keep as much.
+    """
+    lfu = policy == "lfu"
+    if device == "cuda":
+        return slots * (8 + (0 if lfu else 8)) + rows * (4 + (8 if lfu else 0))
+    return slots * (9 + (2 if lfu else 0)) + rows * ((4 if tier == "ssd" else 0) + (2 if lfu else 0))
+
+
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
     """Bytes a shard holds in the tier it computes from: its rows (or its cache's rows), and
     its pooled output and gradient buffers for the `samples` it serves per step."""
@@ -314,5 +332,6 @@ class AnalyticCostModel:
         opt = self.training.embedding_optimizer
         if not req.cached:
             return Storage(**{f"{req.tier}_bytes": shard_storage_bytes(g.rows, g.cols, opt, samples)})
-        fast = shard_storage_bytes(cache_rows(g.rows, req.cache_fraction), g.cols, opt, samples)
+        slots = cache_rows(g.rows, req.cache_fraction)
+        fast = shard_storage_bytes(slots, g.cols, opt, samples) + cache_index_bytes(g.rows, slots, req.policy, req.tier, self.cluster.device)
         return Storage(**{f"{self.cluster.device_tier}_bytes": fast}) + Storage(**{f"{req.tier}_bytes": rows_bytes(g.rows, g.cols, opt)})

@@ -23,7 +23,7 @@ from planner.access_stats import load_stats
 from dlrm_scale.tiering.cache import SetAssociativeCache
 from dlrm_scale.tiering.store import MemoryRowStore
 from dlrm_scale.bridge.resident import resident_plan
-from dlrm_scale.tiering.runtime import TieredShard, check_store_directory
+from dlrm_scale.tiering.runtime import TieredShard, check_row_cache_rows, check_store_directory
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
 
 BASE = "hardware: a100_zionex\ntraining: {batch_size_per_rank: 8}\n"
@@ -177,7 +177,7 @@ CASES = [
     ("bad number in table file", lambda t: (t / "t.csv").write_text("name,num_embeddings,embedding_dim\na,lots,16\n") and load_tables_csv(t / "t.csv"),
      "table file {t}/t.csv, line 2: 'lots' is not a whole number; fix the numbers on that line"),
     ("table too large for any rank", lambda t: plan_for(t, BASE + "tables:\n  - {name: huge, num_embeddings: 9000000000, embedding_dim: 128}\n", 2),
-     re.compile(r"table 'huge' does not fit: its smallest shard \(row_wisex2(@ssd\+cache0\.05)?\) needs [\d,]+ bytes of hbm but a rank has 42,949,672,960; "
+     re.compile(r"table 'huge' does not fit: its smallest shard \(row_wisex2(@(ssd|ddr)\+cache0\.05)?\) needs [\d,]+ bytes of hbm but a rank has 42,949,672,960; "
                 r"add ranks \(--world-size\), give more memory per rank, or reduce num_embeddings/embedding_dim")),
     ("plan of another schema", lambda t: Plan.from_dict(plan_doc(t, schema="v0")), "plan: not a dlrm-scale/plan/v1 document (schema is 'v0')"),
     ("plan with overlapping shards", lambda t: Plan.from_dict(overlapping(t)), "plan: shards of 'a' overlap"),
@@ -215,6 +215,9 @@ CASES = [
      re.compile(r"store directory .* has [\d,]+ bytes free but the plan's SSD rows need [\d,]+; free space or pass another --store-dir")),
     ("cached row-wise table on CPU", lambda t: resident_plan(ssd_plan(1000, ShardingType.ROW_WISE)),
      "table 'a' is row_wise with key_value: on CPU only table_wise, column_wise, table_column_wise tables can be cached; re-plan with --device cpu"),
+    ("cached table beyond the row cache's int32 index", lambda t: check_row_cache_rows(ssd_plan(2**31)),
+     "cached table 'a' has 2,147,483,648 rows, more than a row cache indexes (2,147,483,647); hash its ids to fewer rows, "
+     "or plan without tiering (tiering: {{enabled: false}})"),
     ("cache smaller than a batch", lambda t: too_small_cache(),
      "cached table 't': a batch needs 200 distinct rows and 172 found no way in their set (the cache holds 32, of which 4 for such rows); "
      "raise the cache load factor (in its plan)"),

@@ -134,6 +134,18 @@ def test_cache_miss_cost_moves_each_missed_row_in_and_a_victim_out():
     assert cache_rows(1000, 0.25) == 250 and cache_rows(3, 0.01) == 1 and cache_rows(0, 0.5) == 0
 
 
+def test_a_cached_shard_counts_its_index_beside_its_rows_in_device_memory():
+    model = AnalyticCostModel(make_cluster(ssd_bytes_per_node=10**12), TrainingSpec(1024))
+    t = TableSpec("t", 10_000_000, 64, 4.0)
+    g = tuple(shard_geometry(t, ShardingType.TABLE_WISE, 1))
+    lru, lfu = (model.estimate([OptionRequest(t, ShardingType.TABLE_WISE, "key_value", "ssd", g, 0.1, 0.9, 0.5, policy)])[0]
+                for policy in ("lru", "lfu"))
+    rows_only = cm.shard_storage_bytes(1_000_000, 64, "rowwise_adagrad", 1024 * 4)
+    # FBGEMM's cached TBE on a GPU: 16 bytes a slot and 4 a row; LFU counts per row, not per slot
+    assert lru.shards[0].storage.hbm_bytes - rows_only == 16 * 1_000_000 + 4 * 10_000_000
+    assert lfu.shards[0].storage.hbm_bytes - rows_only == 8 * 1_000_000 + 12 * 10_000_000
+
+
 def test_a_cached_shard_trades_device_memory_for_miss_time():
     cluster = make_cluster(ssd_bytes_per_node=10**12, ssd_latency_us=50.0)
     model = AnalyticCostModel(cluster, TrainingSpec(1024))

@@ -147,3 +147,24 @@ def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path,
     if policy == "lfu":
         assert int(c.cache.frequency.max()) == FREQUENCY_MAX and int(c.cache.frequency.min()) >= 0
     assert torch.equal(c.records(), t.records())
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("tier", ["ssd", "ddr"])
+def test_the_planner_counts_the_cache_index_the_cpu_runtime_holds(tmp_path, policy, tier):
+    from planner.cost_model import cache_index_bytes
+
+    rows, cache_rows, dim = 100_000, 4_000, 8
+    store = FileRowStore(rows, dim, 1, tmp_path / "rows.f32") if tier == "ssd" else MemoryRowStore(rows, dim, 1)
+    cache = SetAssociativeCache(cache_rows, rows, 32, policy)
+    shard = TieredShard("t", torch.zeros(cache_rows, dim), [torch.zeros(cache_rows)], store, cache, None)
+    shard.install(torch.arange(0, rows, 50), training=True)
+    # the cache's tensors, the shard's dirty flags and (a file store) each row's log location
+    index = [t for t in vars(cache).values() if isinstance(t, torch.Tensor)] + [shard.dirty]
+    index += [store.location] if tier == "ssd" else []
+    held = sum(t.numel() * t.element_size() for t in index)
+    planned = cache_index_bytes(rows, cache_rows, policy, tier, "cpu")
+    # the planner counts tags and clocks for every slot; overflow slots (1/32) hold none
+    assert held <= planned <= held + 11 * cache.overflow_rows
+    if tier == "ssd":
+        store.close()

@@ -82,6 +82,14 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
         )
 
 
+def check_row_cache_rows(plan: Plan) -> None:
+    """Before training on CPU: every cached table's rows fit the row cache's int32 tags."""
+    for name, t in plan.tables.items():
+        if t.cached and t.num_embeddings > MAX_ROWS:
+            raise ConfigError(f"cached table '{name}' has {t.num_embeddings:,} rows, more than a row cache indexes "
+                              f"({MAX_ROWS:,}); hash its ids to fewer rows, or plan without tiering (tiering: {{enabled: false}})")
+
+
 # ---- one cached shard -----------------------------------------------------------------------
 @dataclass
 class ShardCounters:
@@ -354,9 +362,6 @@ class TieredEmbeddings:
                                      io=self.runtime.store_io)
             else:
                 store = MemoryRowStore(tp.num_embeddings, planned.cols, state_cols)
-            if tp.num_embeddings > MAX_ROWS:
-                raise ConfigError(f"cached table '{table.name}' has {tp.num_embeddings:,} rows, more than a row cache indexes "
-                                  f"({MAX_ROWS:,}); hash its ids to fewer rows, or plan without tiering (tiering: {{enabled: false}})")
             cache = SetAssociativeCache(weights[j].shape[0], tp.num_embeddings, self.runtime.ways, self.runtime.policy)
             shard = TieredShard(table.name, weights[j], table_states, store, cache, self._reader)
             shards[j] = self.shards[(table.name, col)] = shard
