@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from planner.config import build_cluster, cluster_fields, hardware_path, read_yaml
-from planner.cost_model import rows_bytes, shard_storage_bytes
+from planner.cost_model import cache_index_bytes, rows_bytes, shard_storage_bytes
 from planner.schemes import cache_rows
 from planner.constraints import constrain
 from planner.errors import ConfigError, PlannerError
@@ -110,7 +110,7 @@ def broken_rule(plan: Plan, problem: PlanningProblem) -> str | None:
 def plan_bytes_per_rank(plan: Plan, problem: PlanningProblem) -> np.ndarray:
     """Bytes per rank and tier recomputed from the plan's shards alone (not from the
     solver's accounting): rows, or a cache's rows, and the output buffers where the shard
-    computes, and a cached shard's rows in its backing tier."""
+    computes (a cache's index too), and a cached shard's rows in its backing tier."""
     cluster, training = problem.cluster, problem.training
     out = np.zeros((cluster.world_size, len(TIERS)), dtype=np.int64)
     device = TIERS.index(cluster.device_tier)
@@ -121,6 +121,7 @@ def plan_bytes_per_rank(plan: Plan, problem: PlanningProblem) -> np.ndarray:
             resident = cache_rows(s.rows, table.cache_load_factor) if table.cached else s.rows
             out[s.rank, device] += shard_storage_bytes(resident, s.cols, optimizer, samples)
             if table.cached:
+                out[s.rank, device] += cache_index_bytes(s.rows, resident, problem.tiering.policy, s.tier, cluster.device)
                 out[s.rank, TIERS.index(s.tier)] += rows_bytes(s.rows, s.cols, optimizer)
     return out
 
