@@ -35,12 +35,13 @@ def case(name: str, problem, old) -> dict:
     tenth = replan(problem, old, max_move_bytes=int(0.1 * front.model_bytes))
     best = min(tenth.points, key=lambda p: p.plan.max_rank_ms)
     print(f"{name}: front in {seconds:.1f} s\n{front.format()}\n  at 10%: {best.moved_bytes / GIB:.3f} GiB moved, "
-          f"busiest {best.plan.max_rank_ms:.4f} ms ({best.plan.max_rank_ms / front.free.plan.max_rank_ms - 1:+.2%})", flush=True)
+          f"busiest {best.plan.max_rank_ms:.4f} ms ({best.plan.max_rank_ms / front.free.plan.max_rank_ms - 1:+.2%}); "
+          f"proven floor {best.floor_ms:.4f} ms ({best.floor_ms / front.free.plan.max_rank_ms - 1:+.2%})", flush=True)
     return {"seconds": round(seconds, 2), "model_gib": front.model_bytes / GIB,
             "unconstrained_ms": front.free.plan.max_rank_ms, "unconstrained_moved_gib": front.free.moved_bytes / GIB,
             "front": [{"budget_gib": None if p.budget_bytes is None else p.budget_bytes / GIB, "moved_gib": p.moved_bytes / GIB,
-                       "max_rank_ms": p.plan.max_rank_ms} for p in front.points],
-            "at_10_percent": {"moved_gib": best.moved_bytes / GIB, "max_rank_ms": best.plan.max_rank_ms,
+                       "max_rank_ms": p.plan.max_rank_ms, "floor_ms": p.floor_ms} for p in front.points],
+            "at_10_percent": {"moved_gib": best.moved_bytes / GIB, "max_rank_ms": best.plan.max_rank_ms, "floor_ms": best.floor_ms,
                               "vs_unconstrained": best.plan.max_rank_ms / front.free.plan.max_rank_ms}}
 
 

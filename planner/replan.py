@@ -21,6 +21,8 @@ Ranks are interchangeable, so the unconstrained plan is first relabelled to move
 bytes: its free-placed shards go, a rank's worth at a time, to the rank that holds most of
 them already (a linear assignment, OR-Tools), never raising its busiest rank or overfilling one.
 
+Each point carries a proven floor (`planner.move_floor`): no plan within its budget is faster.
+
 Bytes moved are `planner.diff.moved_bytes` (what arrives at each rank, weights plus optimizer
 state), summed within and across nodes. Without a budget, the result is the front of (bytes
 moved, busiest rank) over a ladder of budgets, with the unconstrained plan at its end.
@@ -30,6 +32,7 @@ Co-located groups are replanned as the search sees them, each group one table
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -44,6 +47,7 @@ from planner.cost_model import AnalyticCostModel, CostModel, rows_bytes
 from planner.diff import arrivals, moved_bytes, shared_block
 from planner.errors import InfeasiblePlanError
 from planner.greedy import place_one
+from planner.move_floor import MoveFloor, old_layouts, option_keeping
 from planner.placement_rules import Occupancy, RankRules
 from planner.plan import Plan, TablePlan
 from planner.planning import make_plan, option_layout, plan_from_solution
@@ -60,6 +64,7 @@ class Replanned:
     plan: Plan
     moved_bytes: int
     budget_bytes: int | None  # None: the unconstrained plan
+    floor_ms: float  # proven: no plan within the budget (or any plan, unconstrained) has a faster busiest rank
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,16 @@ class Front:
     free: Replanned  # the unconstrained plan
 
     def format(self) -> str:
-        lines = [f"{'budget':>16} {'moved GiB':>10} {'% of model':>10} {'busiest ms':>11} {'vs unconstrained':>17}"]
+        lines = [f"{'budget':>16} {'moved GiB':>10} {'% of model':>10} {'busiest ms':>11} {'vs unconstrained':>17} "
+                 f"{'proven floor':>20}"]
+
+        def vs_free(ms: float) -> float:
+            return ms / self.free.plan.max_rank_ms - 1
         for p in self.points:
             budget = "unconstrained" if p.budget_bytes is None else f"{p.budget_bytes / GIB:.3f} GiB"
             lines.append(f"{budget:>16} {p.moved_bytes / GIB:>10.3f} {p.moved_bytes / self.model_bytes:>10.1%} "
-                         f"{p.plan.max_rank_ms:>11.4f} {p.plan.max_rank_ms / self.free.plan.max_rank_ms - 1:>+17.2%}")
+                         f"{p.plan.max_rank_ms:>11.4f} {vs_free(p.plan.max_rank_ms):>+17.2%} "
+                         f"{p.floor_ms:>10.4f} ({vs_free(p.floor_ms):+.1%})")
         return "\n".join(lines)
 
 
@@ -131,6 +141,14 @@ class _Moves:
         return sum(self.moved.values())
 
 
+def move_floor(moves: _Moves, bound_ms: float) -> MoveFloor:
+    """The proven floor under any plan within a budget, never below `bound_ms` (the new problem's proven bound)."""
+    optimizer, world = moves.problem.training.embedding_optimizer, moves.cluster.world_size
+    keeps = {t: [option_keeping(o, old_layouts(moves.old, moves.layouts(t, o, [0] * len(o.shards))), world, optimizer) for o in opts]
+             for t, opts in moves.options.items()}
+    return MoveFloor(moves.options, keeps, world, bound_ms)
+
+
 def _free_blocks(assignment: Assignment, world: int) -> tuple[list[list[tuple[str, int]]], RankLoads]:
     """Each rank's free-placed (any-rank) shards, and the loads of everything else."""
     blocks: list[list[tuple[str, int]]] = [[] for _ in range(world)]
@@ -164,7 +182,7 @@ def align(free: Assignment, moves: _Moves) -> Assignment:
             for t, i in block:
                 for name, layout in moves.layouts(t, free.choice[t], [b] * len(free.choice[t].shards)):
                     if name in moves.old.tables:
-                        cost += sum(arrivals(layout.shards[i], moves.old.tables[name], old_local, local, optimizer)) // 1024
+                        cost -= sum(arrivals(layout.shards[i], moves.old.tables[name], old_local, local, optimizer)) // -1024  # KiB, up: any move costs
             solver.add_arc_with_cost(a, b, cost)
     if solver.solve() != solver.OPTIMAL:
         return free
@@ -319,6 +337,15 @@ def movable(base: _Moves, budget_bytes: float) -> set[str]:
     return free
 
 
+def held_in_place(base: _Moves, table: str, option: ShardingOption, ranks: list[int]) -> list[int]:
+    """`ranks` for `option`, or its stay ranks where it is the stay option on the same ranks in
+    another order with alike shards: the pins keep a held table on its ranks, not each shard on
+    its own, and a swap of alike shards changes no load but moves their bytes."""
+    kept = base.assignment.shard_ranks[table]
+    alike = np.all(option.shard_ms == option.shard_ms[0]) and np.all(option.shard_bytes == option.shard_bytes[0])
+    return list(kept) if base.assignment.choice[table] is option and sorted(kept) == sorted(ranks) and alike else ranks
+
+
 def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: float) -> Assignment:
     """The planner's search with every table outside `free_tables` held to its stay layout
     (its one option, pinned to its ranks), then relabelled to move the fewest bytes."""
@@ -329,7 +356,9 @@ def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: 
             allowed[t] = frozenset(base.assignment.shard_ranks[t]) & allowed.get(t, frozenset(range(base.cluster.world_size)))
     rules = RankRules(allowed, base.rules.apart)
     solution = solve(options, base.cluster, replace(config, time_limit_s=seconds), rules=rules)
-    return align(solution.assignment, base)
+    held = copy.copy(base)
+    held.rules = rules  # relabelled under the same pins
+    return align(solution.assignment, held)
 
 
 def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = None, config: SolverConfig | None = None,
@@ -353,6 +382,7 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     free = align(search.grouped(free), base)
     free_plan = plan_from_solution(Solution(search.expand(free), free_plan.max_rank_ms, free_plan.lower_bound_ms, free_plan.solver,
                                             free_plan.solve_seconds), problem, cost_model.name)
+    floor = move_floor(base, free_plan.lower_bound_ms)
     stay(base)
     optimizer = problem.training.embedding_optimizer
     total = model_bytes(old, optimizer)
@@ -362,7 +392,9 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     if max_move_bytes is not None and max_move_bytes < least:
         raise InfeasiblePlanError(f"the new plan moves at least {least / GIB:.3f} GiB (tables whose old layout cannot stay); "
                                   f"give --max-move-gb {least / GIB:.3f} or more")
-    budgets = [max_move_bytes] if max_move_bytes is not None else sorted({max(least, f * total) for f in BUDGET_LADDER})
+    # a budget's search may end worse than a smaller budget's (it frees more tables in the same
+    # time): with one budget, the least one is tried too, and the faster kept
+    budgets = sorted({least, max_move_bytes} if max_move_bytes is not None else {max(least, f * total) for f in BUDGET_LADDER})
     points = []
     seconds = max(0.5, config.time_limit_s / len(budgets))
     for budget in budgets:
@@ -370,15 +402,16 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
         free_tables = movable(base, budget)
         searched = keeping(base, free_tables, config, seconds) if free_tables else base.assignment
         for table, option in searched.choice.items():
-            moves.set(table, option, searched.shard_ranks[table])
+            moves.set(table, option, held_in_place(base, table, option, searched.shard_ranks[table]))
         # the search moved more than the sizes promised, or did worse than staying: stay instead
         if moves.total_moved() > budget or moves.loads.ms.max() > base.loads.ms.max():
             for table, option in base.assignment.choice.items():
                 moves.set(table, option, base.assignment.shard_ranks[table])
         improve(moves, budget, free, max_steps=20 * len(problem.tables))
         solution = Solution(search.expand(moves.assignment), float(moves.loads.ms.max()), free_plan.lower_bound_ms, "replan", time.monotonic() - start)
-        points.append(Replanned(plan_from_solution(solution, problem, cost_model.name), moves.total_moved(), int(budget)))
-    free_point = Replanned(free_plan, free_moved, None)
+        points.append(Replanned(plan_from_solution(solution, problem, cost_model.name), moves.total_moved(), int(budget),
+                                floor.ms(budget, high_ms=float(moves.loads.ms.max()))))
+    free_point = Replanned(free_plan, free_moved, None, free_plan.lower_bound_ms)
     if max_move_bytes is None or free_moved <= max_move_bytes:
         points.append(free_point)
     front = []

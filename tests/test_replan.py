@@ -117,3 +117,52 @@ def test_colocated_groups_stay_move_and_are_counted_together():
     joined = replan(grouped, apart, config=FAST)
     assert all(together(p.plan, ["t1", "t4"]) for p in joined.points)
     assert all(p.moved_bytes == moved(apart, p.plan) > 0 for p in joined.points)
+
+
+def plans_with_moves(problem, old):
+    """Every plan of `problem` (each option, each placement of its shards, memory ignored, which
+    only adds plans): its busiest rank and the bytes it moves from `old`, as `diff` counts them."""
+    import itertools
+
+    import numpy as np
+
+    from planner.candidates import enumerate_options
+    from planner.cost_model import AnalyticCostModel
+    from planner.diff import moved_bytes
+    from planner.planning import option_layout
+    from planner.types import Placement
+
+    world, specs = problem.cluster.world_size, {t.name: t for t in problem.tables}
+    options = enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
+    per_table = []
+    for name, opts in options.items():
+        laid = []
+        for o in opts:
+            fixed = o.placement in (Placement.EVERY_RANK, Placement.NODE_RANKS)
+            for ranks in ([list(range(len(o.shards)))] if fixed else itertools.product(range(world), repeat=len(o.shards))):
+                moves = sum(moved_bytes(old.tables[name], option_layout(o, list(ranks), specs[name]), old.ranks_per_node,
+                                        problem.cluster.ranks_per_node, problem.training.embedding_optimizer))
+                laid.append((o, list(ranks), moves))
+        per_table.append(laid)
+    for combo in itertools.product(*per_table):
+        ms = np.zeros(world)
+        for o, ranks, _ in combo:
+            np.add.at(ms, ranks, o.shard_ms)
+        yield float(ms.max()), sum(m for *_, m in combo)
+
+
+def test_the_proven_floor_is_under_every_plan_within_its_budget_and_binds_where_a_table_must_split():
+    # 'a' is heavy: on 3 ranks the fastest plans split it, which moves part of it off its old rank
+    tables = [table("a", 400_000, 16, 30.0), table("b", 20_000, 16, 2.0)]
+    old = make_plan(constrain(problem_on(2, tables), {"tables": [{"match": "a", "schemes": ["table_wise"]}]}), config=FAST)
+    new = problem_on(3, tables)
+    plans = list(plans_with_moves(new, old))
+    fastest = min(ms for ms, _ in plans)
+    budgets = sorted({0, *(m for _, m in plans)})[:6]
+    for budget in budgets:
+        for point in replan(new, old, config=FAST, max_move_bytes=budget).points:
+            best_within = min(ms for ms, m in plans if m <= (budget if point.budget_bytes is None else point.budget_bytes))
+            assert point.floor_ms <= best_within * (1 + 1e-9) <= point.plan.max_rank_ms * (1 + 1e-9)
+    nothing = replan(new, old, config=FAST, max_move_bytes=0).points[0]
+    assert nothing.floor_ms > fastest * 1.05  # moving nothing keeps 'a' whole, and the floor knows it
+    assert nothing.floor_ms > nothing.plan.lower_bound_ms * 1.05
