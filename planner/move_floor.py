@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Mapping, Sequence
 
 from planner.cost_model import rows_bytes
 from planner.diff import shared_block
-from planner.plan import Plan, TablePlan
+from planner.plan import TablePlan
 from planner.types import Placement, ShardingOption
 
 
 @dataclass(frozen=True)
-class _Keeping:
+class Keeping:
     """What one option could keep of the old plan's bytes, precomputed for every T."""
 
     overlap_bytes: int  # bytes of the option's shards that some old rank of the new world held
@@ -39,13 +40,19 @@ class _Keeping:
     min_shard_ms: float
 
     def least_moved(self, t_ms: float) -> int:
-        per_rank = 1 if self.distinct_ranks else int(t_ms // self.min_shard_ms) if self.min_shard_ms > 0 else math.inf
-        by_rank = sum(sums[min(per_rank, len(sums)) - 1] for sums in self.by_rank if sums and per_rank >= 1)
+        """Bytes that every placement moves where no rank carries more than `t_ms`."""
+        if self.distinct_ranks:
+            per_rank = 1
+        elif self.min_shard_ms > 0:
+            per_rank = max(1, int(t_ms // self.min_shard_ms))
+        else:
+            per_rank = math.inf
+        by_rank = sum(sums[min(per_rank, len(sums)) - 1] for sums in self.by_rank)
         return self.overlap_bytes - min(self.best_rank_each, by_rank)
 
 
 def option_keeping(option: ShardingOption, layouts: Sequence[tuple[TablePlan | None, TablePlan]], world_size: int,
-            optimizer: str) -> _Keeping:
+                   optimizer: str) -> Keeping:
     """`layouts`: (old layout or None for a new table, new layout with any ranks) per real
     table behind the option (several for a co-located group). A new table starts from its
     initial weights and a replica is on every old rank (rank 0 too): neither moves anything."""
@@ -63,23 +70,15 @@ def option_keeping(option: ShardingOption, layouts: Sequence[tuple[TablePlan | N
         best += max(held.values(), default=0)
         for rank, size in held.items():
             held_by_rank.setdefault(rank, []).append(size)
-    running = tuple(tuple(_running_sums(sorted(sizes, reverse=True))) for sizes in held_by_rank.values())
+    running = tuple(tuple(accumulate(sorted(sizes, reverse=True))) for sizes in held_by_rank.values())
     distinct = option.placement in (Placement.EVERY_RANK, Placement.NODE_RANKS)
-    return _Keeping(overlap, best, running, distinct, float(option.shard_ms.min()))
-
-
-def _running_sums(values: list[int]) -> list[int]:
-    out, total = [], 0
-    for v in values:
-        total += v
-        out.append(total)
-    return out
+    return Keeping(overlap, best, running, distinct, float(option.shard_ms.min()))
 
 
 class MoveFloor:
     """The floor for any budget, over the search's options (each co-located group one table)."""
 
-    def __init__(self, options_by_table: Mapping[str, Sequence[ShardingOption]], keeps: Mapping[str, Sequence[_Keeping]],
+    def __init__(self, options_by_table: Mapping[str, Sequence[ShardingOption]], keeps: Mapping[str, Sequence[Keeping]],
                  world_size: int, bound_ms: float) -> None:
         self.options, self.keeps, self.world, self.bound_ms = options_by_table, keeps, world_size, bound_ms
 
@@ -107,6 +106,3 @@ class MoveFloor:
                 low = mid
         return low
 
-
-def old_layouts(old: Plan, members: Sequence[tuple[str, TablePlan]]) -> list[tuple[TablePlan | None, TablePlan]]:
-    return [(old.tables.get(name), layout) for name, layout in members]

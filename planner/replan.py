@@ -47,7 +47,7 @@ from planner.cost_model import AnalyticCostModel, CostModel, rows_bytes
 from planner.diff import arrivals, moved_bytes, shared_block
 from planner.errors import InfeasiblePlanError
 from planner.greedy import place_one
-from planner.move_floor import MoveFloor, old_layouts, option_keeping
+from planner.move_floor import MoveFloor, option_keeping
 from planner.placement_rules import Occupancy, RankRules
 from planner.plan import Plan, TablePlan
 from planner.planning import make_plan, option_layout, plan_from_solution
@@ -144,8 +144,10 @@ class _Moves:
 def move_floor(moves: _Moves, bound_ms: float) -> MoveFloor:
     """The proven floor under any plan within a budget, never below `bound_ms` (the new problem's proven bound)."""
     optimizer, world = moves.problem.training.embedding_optimizer, moves.cluster.world_size
-    keeps = {t: [option_keeping(o, old_layouts(moves.old, moves.layouts(t, o, [0] * len(o.shards))), world, optimizer) for o in opts]
-             for t, opts in moves.options.items()}
+    def layouts(table: str, option: ShardingOption) -> list[tuple[TablePlan | None, TablePlan]]:
+        return [(moves.old.tables.get(name), layout) for name, layout in moves.layouts(table, option, [0] * len(option.shards))]
+
+    keeps = {t: [option_keeping(o, layouts(t, o), world, optimizer) for o in opts] for t, opts in moves.options.items()}
     return MoveFloor(moves.options, keeps, world, bound_ms)
 
 
