@@ -57,6 +57,7 @@ from planner.types import Placement, ShardingOption
 
 BUDGET_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # fractions of the model's bytes, for the front
 MIN_BYTES = 2**20  # a change that moves (almost) nothing is priced as moving 1 MiB
+PRICED_RANKS = 32  # the proven floor prices each of the old plan's busiest ranks alone, at most these
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,16 @@ class _Moves:
 
 
 def move_floor(moves: _Moves, bound_ms: float) -> MoveFloor:
-    """The proven floor under any plan within a budget, never below `bound_ms` (the new problem's proven bound)."""
+    """The proven floor under any plan within a budget, never below `bound_ms` (the new
+    problem's proven bound), pricing each of the old plan's busiest ranks alone."""
     optimizer, world = moves.problem.training.embedding_optimizer, moves.cluster.world_size
     def layouts(table: str, option: ShardingOption) -> list[tuple[TablePlan | None, TablePlan]]:
         return [(moves.old.tables.get(name), layout) for name, layout in moves.layouts(table, option, [0] * len(option.shards))]
 
     keeps = {t: [option_keeping(o, layouts(t, o), world, optimizer) for o in opts] for t, opts in moves.options.items()}
-    return MoveFloor(moves.options, keeps, world, bound_ms)
+    old_ranks = min(world, moves.old.world_size)
+    busiest = sorted(range(old_ranks), key=lambda r: -moves.old.ranks[r].predicted_ms)[:PRICED_RANKS]
+    return MoveFloor(moves.options, keeps, world, old_ranks, busiest, bound_ms)
 
 
 def _free_blocks(assignment: Assignment, world: int) -> tuple[list[list[tuple[str, int]]], RankLoads]:

@@ -151,6 +151,15 @@ def plans_with_moves(problem, old):
         yield float(ms.max()), sum(m for *_, m in combo)
 
 
+def floors_under_every_plan(new, old, plans):
+    """Each point's floor at or under the fastest of `plans` within its budget, for budgets
+    from nothing to the sixth smallest any plan moves."""
+    for budget in sorted({0, *(m for _, m in plans)})[:6]:
+        for point in replan(new, old, config=FAST, max_move_bytes=budget).points:
+            best_within = min(ms for ms, m in plans if m <= (budget if point.budget_bytes is None else point.budget_bytes))
+            assert point.floor_ms <= best_within * (1 + 1e-9) <= point.plan.max_rank_ms * (1 + 1e-9)
+
+
 def test_the_proven_floor_is_under_every_plan_within_its_budget_and_binds_where_a_table_must_split():
     # 'a' is heavy: on 3 ranks the fastest plans split it, which moves part of it off its old rank
     tables = [table("a", 400_000, 16, 30.0), table("b", 20_000, 16, 2.0)]
@@ -158,11 +167,24 @@ def test_the_proven_floor_is_under_every_plan_within_its_budget_and_binds_where_
     new = problem_on(3, tables)
     plans = list(plans_with_moves(new, old))
     fastest = min(ms for ms, _ in plans)
-    budgets = sorted({0, *(m for _, m in plans)})[:6]
-    for budget in budgets:
-        for point in replan(new, old, config=FAST, max_move_bytes=budget).points:
-            best_within = min(ms for ms, m in plans if m <= (budget if point.budget_bytes is None else point.budget_bytes))
-            assert point.floor_ms <= best_within * (1 + 1e-9) <= point.plan.max_rank_ms * (1 + 1e-9)
+    floors_under_every_plan(new, old, plans)
     nothing = replan(new, old, config=FAST, max_move_bytes=0).points[0]
     assert nothing.floor_ms > fastest * 1.05  # moving nothing keeps 'a' whole, and the floor knows it
     assert nothing.floor_ms > nothing.plan.lower_bound_ms * 1.05
+
+
+def test_the_floor_knows_a_busy_old_rank_keeps_only_what_fits_under_it():
+    # 'a' and 'b' stay together on rank 0 unless one of them moves: moving nothing keeps rank 0
+    # at both, though the three ranks' work together would allow far less
+    tables = [table("a", 300_000, 8, 6.0), table("b", 300_000, 8, 6.0), table("c", 1_000, 8, 1.0)]
+    old = make_plan(constrain(problem_on(2, tables), {"tables": [{"match": "[ab]", "schemes": ["table_wise"], "ranks": [0]},
+                                                                 {"match": "c", "ranks": [1]}]}), config=FAST)
+    assert old.tables["a"].ranks == old.tables["b"].ranks == [0]
+    new = problem_on(3, tables)
+    plans = list(plans_with_moves(new, old))
+    floors_under_every_plan(new, old, plans)
+    nothing = replan(new, old, config=FAST, max_move_bytes=0).points[0]
+    best_within = min(ms for ms, m in plans if m == 0)
+    assert nothing.floor_ms <= best_within * (1 + 1e-9)
+    assert nothing.floor_ms >= best_within * (1 - 1e-3)  # the floor is the best plan that moves nothing
+    assert best_within > min(ms for ms, _ in plans) * 1.3
