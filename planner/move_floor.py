@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Mapping, Sequence
 
 import numpy as np
-from typing import Mapping, Sequence
 
 from planner.cost_model import rows_bytes
 from planner.diff import shared_block
@@ -112,7 +112,7 @@ class MoveFloor:
 
     def __init__(self, options_by_table: Mapping[str, Sequence[ShardingOption]], keeps: Mapping[str, Sequence[Keeping]],
                  world_size: int, old_ranks: int, priced_alone: Sequence[int], bound_ms: float) -> None:
-        self.options, self.keeps, self.world, self.bound_ms = options_by_table, keeps, world_size, bound_ms
+        self.keeps, self.world, self.bound_ms = keeps, world_size, bound_ms
         ratios = np.concatenate([k.most_kept_bytes / np.maximum(k.shard_ms, 1e-12) for ks in keeps.values() for k in ks] or [np.zeros(1)])
         ratios = ratios[ratios > 0]
         self.prices = np.concatenate([[0.0], np.geomspace(ratios.min(), ratios.max(), self.PRICES)]) if len(ratios) else np.zeros(1)

@@ -146,12 +146,14 @@ def move_floor(moves: _Moves, bound_ms: float) -> MoveFloor:
     """The proven floor under any plan within a budget, never below `bound_ms` (the new
     problem's proven bound), pricing each of the old plan's busiest ranks alone."""
     optimizer, world = moves.problem.training.embedding_optimizer, moves.cluster.world_size
+
     def layouts(table: str, option: ShardingOption) -> list[tuple[TablePlan | None, TablePlan]]:
         return [(moves.old.tables.get(name), layout) for name, layout in moves.layouts(table, option, [0] * len(option.shards))]
 
     keeps = {t: [option_keeping(o, layouts(t, o), world, optimizer) for o in opts] for t, opts in moves.options.items()}
     old_ranks = min(world, moves.old.world_size)
-    busiest = sorted(range(old_ranks), key=lambda r: -moves.old.ranks[r].predicted_ms)[:PRICED_RANKS]
+    old_ms = {r.rank: r.predicted_ms for r in moves.old.ranks}
+    busiest = sorted(range(old_ranks), key=lambda r: -old_ms.get(r, 0.0))[:PRICED_RANKS]
     return MoveFloor(moves.options, keeps, world, old_ranks, busiest, bound_ms)
 
 
@@ -188,7 +190,8 @@ def align(free: Assignment, moves: _Moves) -> Assignment:
             for t, i in block:
                 for name, layout in moves.layouts(t, free.choice[t], [b] * len(free.choice[t].shards)):
                     if name in moves.old.tables:
-                        cost -= sum(arrivals(layout.shards[i], moves.old.tables[name], old_local, local, optimizer)) // -1024  # KiB, up: any move costs
+                        arriving = sum(arrivals(layout.shards[i], moves.old.tables[name], old_local, local, optimizer))
+                        cost += -(-arriving // 1024)  # KiB, rounded up: any move costs
             solver.add_arc_with_cost(a, b, cost)
     if solver.solve() != solver.OPTIMAL:
         return free
