@@ -32,7 +32,6 @@ Co-located groups are replanned as the search sees them, each group one table
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -53,7 +52,7 @@ from planner.plan import Plan, TablePlan
 from planner.planning import make_plan, option_layout, plan_from_solution
 from planner.solver import Solution, SolverConfig, solve
 from planner.specs import GIB, PlanningProblem
-from planner.types import Placement, ShardingOption
+from planner.types import Placement, ShardingOption, ShardingType
 
 BUDGET_LADDER = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # fractions of the model's bytes, for the front
 MIN_BYTES = 2**20  # a change that moves (almost) nothing is priced as moving 1 MiB
@@ -346,28 +345,40 @@ def movable(base: _Moves, budget_bytes: float) -> set[str]:
     return free
 
 
-def held_in_place(base: _Moves, table: str, option: ShardingOption, ranks: list[int]) -> list[int]:
-    """`ranks` for `option`, or its stay ranks where it is the stay option on the same ranks in
-    another order with alike shards: the pins keep a held table on its ranks, not each shard on
-    its own, and a swap of alike shards changes no load but moves their bytes."""
-    kept = base.assignment.shard_ranks[table]
-    alike = np.all(option.shard_ms == option.shard_ms[0]) and np.all(option.shard_bytes == option.shard_bytes[0])
-    return list(kept) if base.assignment.choice[table] is option and sorted(kept) == sorted(ranks) and alike else ranks
-
-
 def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: float) -> Assignment:
-    """The planner's search with every table outside `free_tables` held to its stay layout
-    (its one option, pinned to its ranks), then relabelled to move the fewest bytes."""
-    options = {t: base.options[t] if t in free_tables else [base.assignment.choice[t]] for t in base.options}
-    allowed = dict(base.rules.allowed)
+    """The planner's search with every table outside `free_tables` held to its stay layout,
+    then relabelled to move the fewest bytes. A held table of freely placed shards enters the
+    search as one table per rank it uses, its shards there pinned to that rank (pinning the whole
+    table to its ranks let the search stack its shards on one of them, which moved their bytes
+    and threw the search's plan away); one of shards on fixed ranks, pinned to its ranks."""
+    options, allowed, apart, held_parts = {}, dict(base.rules.allowed), dict(base.rules.apart), {}
     for t in base.options:
-        if t not in free_tables:
-            allowed[t] = frozenset(base.assignment.shard_ranks[t]) & allowed.get(t, frozenset(range(base.cluster.world_size)))
-    rules = RankRules(allowed, base.rules.apart)
-    solution = solve(options, base.cluster, replace(config, time_limit_s=seconds), rules=rules)
-    held = copy.copy(base)
-    held.rules = rules  # relabelled under the same pins
-    return align(solution.assignment, held)
+        if t in free_tables:
+            options[t] = base.options[t]
+            continue
+        option, ranks = base.assignment.choice[t], base.assignment.shard_ranks[t]
+        if option.placement in (Placement.EVERY_RANK, Placement.NODE_RANKS):  # shard i on (local) rank i
+            options[t] = [option]
+            allowed[t] = frozenset(ranks) & allowed.get(t, frozenset(range(base.cluster.world_size)))
+            continue
+        for rank in sorted(set(ranks)):
+            part = f"{t}\0{rank}"  # no table's name holds a NUL
+            mine = [i for i, r in enumerate(ranks) if r == rank]
+            options[part] = [replace(option, table=part, sharding_type=ShardingType.COLUMN_WISE,  # placed freely, pinned
+                                     geometries=tuple(option.geometries[i] for i in mine), shards=tuple(option.shards[i] for i in mine))]
+            allowed[part] = frozenset([rank])
+            if t in apart:
+                apart[part] = apart[t]
+            held_parts[part] = t
+    for t in held_parts.values():
+        allowed.pop(t, None)
+        apart.pop(t, None)
+    rules = RankRules(allowed, apart)
+    found = solve(options, base.cluster, replace(config, time_limit_s=seconds), rules=rules).assignment
+    for part, t in held_parts.items():
+        del found.choice[part], found.shard_ranks[part]
+        found.choice[t], found.shard_ranks[t] = base.assignment.choice[t], list(base.assignment.shard_ranks[t])
+    return align(found, base)
 
 
 def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = None, config: SolverConfig | None = None,
@@ -411,7 +422,7 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
         free_tables = movable(base, budget)
         searched = keeping(base, free_tables, config, seconds) if free_tables else base.assignment
         for table, option in searched.choice.items():
-            moves.set(table, option, held_in_place(base, table, option, searched.shard_ranks[table]))
+            moves.set(table, option, searched.shard_ranks[table])
         # the search moved more than the sizes promised, or did worse than staying: stay instead
         if moves.total_moved() > budget or moves.loads.ms.max() > base.loads.ms.max():
             for table, option in base.assignment.choice.items():
