@@ -188,3 +188,23 @@ def test_the_floor_knows_a_busy_old_rank_keeps_only_what_fits_under_it():
     assert nothing.floor_ms <= best_within * (1 + 1e-9)
     assert nothing.floor_ms >= best_within * (1 - 1e-3)  # the floor is the best plan that moves nothing
     assert best_within > min(ms for ms, _ in plans) * 1.3
+
+
+def test_the_search_keeps_each_shard_of_a_held_table_on_its_own_rank():
+    # stacking 'a''s two halves on one rank would free the other for 'n' (which must stay whole),
+    # but it moves half of 'a': a held table's shards stay each on its rank
+    from planner.candidates import enumerate_options
+    from planner.colocation import colocate
+    from planner.cost_model import AnalyticCostModel
+    from planner.replan import _Moves, keeping, stay
+
+    old = make_plan(constrain(problem_on(2, [table("a", 200_000, 64, 4.0)]),
+                              {"tables": [{"match": "a", "schemes": ["column_wise"], "max_shards": 2}]}), config=FAST)
+    assert old.tables["a"].ranks == [0, 1]
+    new = constrain(problem_on(2, [table("a", 200_000, 64, 4.0), table("n", 50_000, 64, 12.0)]),
+                    {"tables": [{"match": "n", "schemes": ["table_wise"]}]})
+    options = enumerate_options(new, AnalyticCostModel(new.cluster, new.training))
+    base = _Moves(new, old, options, colocate(options, (), new.constraints.rank_rules(["a", "n"])))
+    stay(base)
+    found = keeping(base, {"n"}, FAST, 2.0)
+    assert found.shard_ranks["a"] == [0, 1] and found.choice["a"] is base.assignment.choice["a"]
