@@ -11,7 +11,7 @@ still exists among the new options and fits, and buys step time with bytes:
    starts from its initial weights);
 2. search: the tables that move fewest bytes (new ones, then old ones smallest first, as far
    as their bytes fit the budget) are planned by the planner's own search around the others,
-   held where they stay (one option each, pinned to its ranks), and the result relabelled;
+   held where they stay (one option each, its shards pinned to their ranks), and the result relabelled;
 3. improve: repeatedly re-lay one table of the busiest rank (any of its options, placed as the
    planner places them or with each shard kept on the old rank that holds most of its rows,
    or its layout in the unconstrained plan), taking the change that lowers the busiest rank
