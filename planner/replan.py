@@ -402,7 +402,6 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     free = align(search.grouped(free), base)
     free_plan = plan_from_solution(Solution(search.expand(free), free_plan.max_rank_ms, free_plan.lower_bound_ms, free_plan.solver,
                                             free_plan.solve_seconds), problem, cost_model.name)
-    floor = move_floor(base, free_plan.lower_bound_ms)
     stay(base)
     optimizer = problem.training.embedding_optimizer
     total = model_bytes(old, optimizer)
@@ -412,6 +411,7 @@ def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = N
     if max_move_bytes is not None and max_move_bytes < least:
         raise InfeasiblePlanError(f"the new plan moves at least {least / GIB:.3f} GiB (tables whose old layout cannot stay); "
                                   f"give --max-move-gb {least / GIB:.3f} or more")
+    floor = move_floor(base, free_plan.lower_bound_ms)  # after the budget's check: a refused budget costs nothing more
     # a budget's search may end worse than a smaller budget's (it frees more tables in the same
     # time): with one budget, the least one is tried too, and the faster kept
     budgets = sorted({least, max_move_bytes} if max_move_bytes is not None else {max(least, f * total) for f in BUDGET_LADDER})
