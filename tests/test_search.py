@@ -12,7 +12,7 @@ from planner.bounds import lower_bound_ms, shard_limited_bound_ms
 from planner.cpsat import ClassModel
 from planner.greedy import choose_options, local_search, pack, rechoose_options
 from planner.placement_rules import RankRules
-from planner.solver import SolverConfig, solve
+from planner.solver import SolverConfig, _bisect, solve
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak, options_for
 
@@ -55,6 +55,35 @@ def test_class_model_under_a_cap_refutes_below_the_optimum_and_plans_at_it(table
     at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001)  # the same model, asked again
     assert at.assignment is not None
     assert peak(at.assignment, ranks) <= optimum * 1.001
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_probes_with_cuts_refute_validly(tables, ranks):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    start = local_search(pack(choose_options(options, math.inf), problem.cluster), problem.cluster)
+    model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
+    below = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 0.98, cuts=True)
+    assert below.optimal and below.assignment is None and optimum * 0.98 < below.bound_ms <= optimum * (1 + 1e-9)
+    at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001, cuts=True)
+    assert at.assignment is not None and peak(at.assignment, ranks) <= optimum * 1.001
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_probes_climb_from_the_bound_to_the_optimum(tables, ranks):
+    """Small steps up from the shard-limited bound close the gap on small problems, and no
+    step proves a bound above the optimum."""
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    start = pack(choose_options(options, math.inf), problem.cluster)  # a poor start: the probes must find better
+    bound = shard_limited_bound_ms(options, ranks)
+    model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
+    config = SolverConfig(probe_step=0.01)
+    best, best_peak, proven = _bisect(model, start, bound, 20.0, time.monotonic() + 60, config)
+    assert bound <= proven <= optimum * (1 + 1e-9)
+    assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= proven * (1 + config.target_gap) + 1e-9
 
 
 def seven_tables_on_four_ranks():
