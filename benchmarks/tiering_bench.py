@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlrm_scale.tiering.cache import SetAssociativeCache  # noqa: E402
 from planner.access_stats import trace_access, zipf_access  # noqa: E402
-from planner.cost_model import rows_bytes  # noqa: E402
+from planner.cost_model import cache_index_bytes, rows_bytes  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "tiering.json"
@@ -208,18 +208,23 @@ def measured_cache_ms(tiered: dict, memory: dict) -> float:
     return tiered["phase_ms"]["emb_fwd"] + tiered["phase_ms"]["tiering"] - memory["phase_ms"]["emb_fwd"]
 
 
-def resident_overhead(plan: Plan, rss_tiered: int, rss_in_memory: int) -> dict:
-    """Resident memory tiering adds beyond its caches, per rank and per row the rank's stores
-    hold: the tiered run's anonymous RSS less its cache rows, against the in-memory run's less
-    its rows (both keep the same model, TorchRec and buffers). Anonymous: a mapped store's file
-    pages are the page cache's, which the pread store uses as much without mapping it."""
+def resident_overhead(plan: Plan, policy: str, rounds: list[tuple[int, int]]) -> dict:
+    """Resident memory tiering adds beyond its caches' rows, per rank and per row the rank's
+    stores hold: the tiered run's anonymous RSS less its cache rows, against the in-memory
+    run's of the same round less its rows (both keep the same model, TorchRec and buffers);
+    the median over the rounds, and their range. Anonymous: a mapped store's file pages are
+    the page cache's, which the pread store uses as much without mapping it. Beside it, what
+    the planner counts for the caches' index (planner.cost_model.cache_index_bytes)."""
     shards = [s for t in plan.tables.values() for s in t.shards]
     rows = sum(s.rows for s in shards) / plan.world_size
     row_bytes = sum(rows_bytes(s.rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
     cache_bytes = sum(rows_bytes(s.cache_rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
-    overhead = (rss_tiered - cache_bytes) - (rss_in_memory - row_bytes)
+    index_bytes = sum(cache_index_bytes(s.rows, s.cache_rows, policy, s.tier, "cpu") for s in shards) / plan.world_size
+    per_round = [((tiered - cache_bytes) - (in_memory - row_bytes)) / rows for tiered, in_memory in rounds]
+    overhead = statistics.median(per_round) * rows
     return {"rows_per_rank": rows, "cache_bytes_per_rank": cache_bytes, "overhead_bytes_per_rank": overhead,
-            "overhead_bytes_per_row": overhead / rows}
+            "overhead_bytes_per_row": overhead / rows, "overhead_bytes_per_row_range": [min(per_round), max(per_round)],
+            "planned_index_bytes_per_row": index_bytes / rows}
 
 
 def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | None = None) -> dict:
@@ -272,7 +277,8 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | 
         }
         measured[name]["cache_ms_error"] = measured[name]["cache_ms_predicted"] / measured[name]["cache_ms_measured"] - 1
         measured[name]["runs"] = {"tiered": runs[name], "in_memory": runs[memory]}  # round by round
-        measured[name].update(resident_overhead(plan, measured[name]["rss_anon_tiered_bytes"], measured[name]["rss_anon_in_memory_bytes"]))
+        rounds = [(t["rss_anon_bytes"], m["rss_anon_bytes"]) for t, m in zip(runs[name], runs[memory])]
+        measured[name].update(resident_overhead(plan, policy, rounds))
     return {"steps": steps, "repeats": repeats, "store_io": store_io or profile_store_io(), "variants": measured}
 
 
@@ -323,6 +329,11 @@ def exactness(steps: int) -> dict:
     return {"steps": steps, "max_abs_difference": diffs, "exact": all(v["weights"] == 0 and v["optimizer_state"] == 0 for v in diffs.values())}
 
 
+def overhead_range(variant: dict) -> str:
+    low_high = variant.get("overhead_bytes_per_row_range")
+    return f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -366,7 +377,7 @@ def main() -> int:
                   f"{v['in_memory_samples_per_s']:,.0f} | **{v['ratio']:.2f}x** ({v['ratio_range'][0]:.2f}-{v['ratio_range'][1]:.2f}) | "
                   f"{v['cache_install_ms_per_step']:.1f}, {v['tiering_phase_ms']:.1f} | "
                   f"{v['cache_ms_measured']:.1f}, {v['cache_ms_predicted']:.1f} ({100 * v['cache_ms_error']:+.0f}%) | "
-                  f"{v['overhead_bytes_per_row']:.1f} |")
+                  f"{v['overhead_bytes_per_row']:.1f}{overhead_range(v)} |")
     if "direct" in results:
         d, memory = results["direct"], results.get("speed", {}).get("variants", {}).get("10x", {}).get("in_memory_samples_per_s")
         ratio = f" ({d['run']['samples_per_s'] / memory:.3f}x in memory)" if memory else ""

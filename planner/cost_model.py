@@ -237,7 +237,7 @@ def cache_index_bytes(rows: int, slots: int, policy: str, tier: str, device: str
     of `rows` with a cache of `slots`.
 
     CPU (dlrm_scale.tiering): per slot an int32 tag, an int32 clock and a dirty flag; LFU adds
-    an int16 count per slot and per row; rows kept in a file add their int32 log location.
+    a uint8 count per slot and per row; rows kept in a file add their int32 log location.
     GPU (FBGEMM's cached TBE, as its own memory report counts it): per slot an int64 cache
     state and an int64 LRU clock, per row an int32 table map; LFU keeps its int64 count per
     row instead of per slot. Assumes no prefetch pipeline (its int32 lock count per slot), and
@@ -246,7 +246,7 @@ def cache_index_bytes(rows: int, slots: int, policy: str, tier: str, device: str
     lfu = policy == "lfu"
     if device == "cuda":
         return slots * (8 + (0 if lfu else 8)) + rows * (4 + (8 if lfu else 0))
-    return slots * (9 + (2 if lfu else 0)) + rows * ((4 if tier == "ssd" else 0) + (2 if lfu else 0))
+    return slots * (9 + (1 if lfu else 0)) + rows * ((4 if tier == "ssd" else 0) + (1 if lfu else 0))
 
 
 def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:

@@ -41,7 +41,7 @@ CACHE_WAYS = 32  # as FBGEMM's set-associative caches
 FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)
 _NO_IDS = torch.empty(0, dtype=torch.int64)
 _NO_RECORDS = torch.empty(0, 0, dtype=torch.float32)
-_NO_FREQUENCY = torch.empty(0, dtype=torch.int16)
+_NO_FREQUENCY = torch.empty(0, dtype=torch.uint8)
 
 
 def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:

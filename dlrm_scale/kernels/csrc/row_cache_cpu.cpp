@@ -38,7 +38,7 @@ namespace {
 
 constexpr int64_t kEmpty = -1;
 constexpr uint64_t kHash = 0x9E3779B97F4A7C15ull;
-constexpr int16_t kFrequencyMax = 32767;  // cache.py's FREQUENCY_MAX
+constexpr uint8_t kFrequencyMax = 255;  // cache.py's FREQUENCY_MAX
 constexpr int64_t kBlock = 4096;  // O_DIRECT's alignment
 constexpr int64_t kDirectQueue = 16;  // O_DIRECT reads in flight (a virtio disk here serves ~25k a second one at a time)
 constexpr int64_t kAhead = 16;  // ids (or misses) between a prefetch and its use
@@ -284,9 +284,9 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
                   last_used.is_contiguous(), "int32 [sets, ways] tags and clocks");
   TORCH_CHECK(dirty.scalar_type() == torch::kBool, "bool dirty");
   const bool lfu = frequency.numel() > 0;
-  TORCH_CHECK(!lfu || (frequency.scalar_type() == torch::kShort && frequency.numel() == num_rows && way_frequency.scalar_type() == torch::kShort &&
+  TORCH_CHECK(!lfu || (frequency.scalar_type() == torch::kByte && frequency.numel() == num_rows && way_frequency.scalar_type() == torch::kByte &&
                        way_frequency.sizes() == tags.sizes() && way_frequency.is_contiguous()),
-              "int16 frequency per row and per way");
+              "uint8 frequency per row and per way");
   Slots cached = slots_of(weights, states, width);
   Store store;
   open_store(store, memory, fds, direct, location, width, log_rows, maps, log_used);
@@ -296,8 +296,8 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   const int64_t* id = ids.data_ptr<int64_t>();
   int32_t* tag = tags.data_ptr<int32_t>();
   int32_t* used = last_used.data_ptr<int32_t>();
-  int16_t* freq = lfu ? frequency.data_ptr<int16_t>() : nullptr;
-  int16_t* way_freq = lfu ? way_frequency.data_ptr<int16_t>() : nullptr;  // freq[tag], beside the tag
+  uint8_t* freq = lfu ? frequency.data_ptr<uint8_t>() : nullptr;
+  uint8_t* way_freq = lfu ? way_frequency.data_ptr<uint8_t>() : nullptr;  // freq[tag], beside the tag
   bool* is_dirty = dirty.data_ptr<bool>();
   const int64_t overflow_base = sets * ways;
 
@@ -396,7 +396,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
       prefetch_set(tag + ahead, ways, true);
       prefetch_set(used + ahead, ways, true);
       if (lfu) {
-        for (int64_t w = 0; w < ways; w += 32) __builtin_prefetch(way_freq + ahead + w, 1);
+        for (int64_t w = 0; w < ways; w += 64) __builtin_prefetch(way_freq + ahead + w, 1);
       }
     }
     const int64_t row = misses[m];
