@@ -40,34 +40,22 @@ def test_shard_limited_bound_is_tighter_and_still_a_bound(tables, ranks):
     assert solve(options, problem.cluster, SolverConfig(time_limit_s=5)).lower_bound_ms <= optimum * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("cuts", [False, True], ids=["default", "cuts"])
 @pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
-def test_class_model_under_a_cap_refutes_below_the_optimum_and_plans_at_it(tables, ranks):
+def test_class_model_under_a_cap_refutes_below_the_optimum_and_plans_at_it(tables, ranks, cuts):
     problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
     options = options_for(problem)
     optimum = brute_force_peak(options, problem.cluster)
     start = local_search(pack(choose_options(options, math.inf), problem.cluster), problem.cluster)
     model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
 
-    below = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 0.98)
+    below = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 0.98, cuts=cuts)
     assert below.optimal and below.assignment is None
     assert optimum * 0.98 < below.bound_ms <= optimum * (1 + 1e-9)  # a refutation, and a valid bound
 
-    at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001)  # the same model, asked again
+    at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001, cuts=cuts)  # the same model, asked again
     assert at.assignment is not None
     assert peak(at.assignment, ranks) <= optimum * 1.001
-
-
-@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
-def test_probes_with_cuts_refute_validly(tables, ranks):
-    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
-    options = options_for(problem)
-    optimum = brute_force_peak(options, problem.cluster)
-    start = local_search(pack(choose_options(options, math.inf), problem.cluster), problem.cluster)
-    model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
-    below = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 0.98, cuts=True)
-    assert below.optimal and below.assignment is None and optimum * 0.98 < below.bound_ms <= optimum * (1 + 1e-9)
-    at = model.solve(5.0, 10.0, seed=0, peak_at_most_ms=optimum * 1.001, cuts=True)
-    assert at.assignment is not None and peak(at.assignment, ranks) <= optimum * 1.001
 
 
 @pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
