@@ -87,8 +87,8 @@ class SetAssociativeCache:
         # counting to FREQUENCY_MAX, one byte a row (the resident overhead per row is what
         # tiering must keep small): rows requested in that many batches compete by recency, as
         # small saturating counters do in TinyLFU-style caches. On a Zipf law those rows are a
-        # sliver of a shard (1.05, 2M rows, 16k ids a batch: ~0.2M after 100k batches), within
-        # the caches the planner gives such shards.
+        # sliver of a shard (1.05, 2M rows, 16k ids a batch: ~0.2M after 100k batches, a 10%
+        # cache's worth); below 255 batches nothing saturates.
         self.frequency = torch.zeros(num_rows, dtype=torch.uint8) if policy == "lfu" else None
         # and each way's row's count beside its tag (1 byte a slot): a victim is chosen from
         # its set's counts, not from 32 rows' entries scattered over the shard's
