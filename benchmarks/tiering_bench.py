@@ -221,9 +221,9 @@ def resident_overhead(plan: Plan, policy: str, rounds: list[tuple[int, int]]) ->
     cache_bytes = sum(rows_bytes(s.cache_rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size
     index_bytes = sum(cache_index_bytes(s.rows, s.cache_rows, policy, s.tier, "cpu") for s in shards) / plan.world_size
     per_round = [((tiered - cache_bytes) - (in_memory - row_bytes)) / rows for tiered, in_memory in rounds]
-    overhead = statistics.median(per_round) * rows
-    return {"rows_per_rank": rows, "cache_bytes_per_rank": cache_bytes, "overhead_bytes_per_rank": overhead,
-            "overhead_bytes_per_row": overhead / rows, "overhead_bytes_per_row_range": [min(per_round), max(per_round)],
+    per_row = statistics.median(per_round)
+    return {"rows_per_rank": rows, "cache_bytes_per_rank": cache_bytes, "overhead_bytes_per_rank": per_row * rows,
+            "overhead_bytes_per_row": per_row, "overhead_bytes_per_row_range": [min(per_round), max(per_round)],
             "planned_index_bytes_per_row": index_bytes / rows}
 
 
@@ -329,11 +329,6 @@ def exactness(steps: int) -> dict:
     return {"steps": steps, "max_abs_difference": diffs, "exact": all(v["weights"] == 0 and v["optimizer_state"] == 0 for v in diffs.values())}
 
 
-def overhead_range(variant: dict) -> str:
-    low_high = variant.get("overhead_bytes_per_row_range")
-    return f" ({low_high[0]:.1f}-{low_high[1]:.1f})" if low_high else ""
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
@@ -377,7 +372,7 @@ def main() -> int:
                   f"{v['in_memory_samples_per_s']:,.0f} | **{v['ratio']:.2f}x** ({v['ratio_range'][0]:.2f}-{v['ratio_range'][1]:.2f}) | "
                   f"{v['cache_install_ms_per_step']:.1f}, {v['tiering_phase_ms']:.1f} | "
                   f"{v['cache_ms_measured']:.1f}, {v['cache_ms_predicted']:.1f} ({100 * v['cache_ms_error']:+.0f}%) | "
-                  f"{v['overhead_bytes_per_row']:.1f}{overhead_range(v)} |")
+                  f"{v['overhead_bytes_per_row']:.1f} ({v['overhead_bytes_per_row_range'][0]:.1f}-{v['overhead_bytes_per_row_range'][1]:.1f}) |")
     if "direct" in results:
         d, memory = results["direct"], results.get("speed", {}).get("variants", {}).get("10x", {}).get("in_memory_samples_per_s")
         ratio = f" ({d['run']['samples_per_s'] / memory:.3f}x in memory)" if memory else ""
