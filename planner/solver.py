@@ -35,7 +35,7 @@ class SolverConfig:
     # stop once the plan is this close to the proven bound: far inside the cost model's own
     # error, and proving the last ticks took whole budgets (100 tables x 8 ranks: 10 s for 0.0003%)
     target_gap: float = 1e-3
-    # the bisection's probes climb from the bound in steps of at most this fraction of it
+    # the probes under caps climb from the bound in steps of at most this fraction of it
     probe_step: float = 0.005
     # shard-size caps tried by the greedy warm start, as fractions of the lower bound
     greedy_shard_caps: tuple[float, ...] = (math.inf, 1.0, 0.8, 0.65, 0.5, 0.35, 0.25, 0.1)
@@ -147,7 +147,7 @@ def warm_start(
     return best
 
 
-def _bisect(model: ClassModel, best: Assignment, bound_ms: float, budget_s: float, deadline_s: float,
+def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: float, deadline_s: float,
             config: SolverConfig) -> tuple[Assignment, float, float]:
     """Probes on the busiest rank, asking the class model (with its cuts) whether a plan exists
     under a target: a proof that none does raises the bound (CP-SAT refutes a fixed target far
@@ -201,7 +201,7 @@ def solve(
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
-        # Half the time left, at most: where the optimisation stalls, the bisection does better.
+        # Half the time left, at most: where the optimisation stalls, probes under caps do better.
         class_model = ClassModel(options_by_table, cluster, best, unit_ms, bound, rules)
         result = class_model.solve(budget * 0.3, (deadline - time.monotonic()) / 2, config.seed, config.target_gap)
         if result.bound_ms is not None:
@@ -212,8 +212,8 @@ def solve(
             if peak < best_peak:
                 best, best_peak = result.assignment, peak
             method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
-            if method == "class":  # the bisection returns at once where the gap is closed
-                best, best_peak, bound = _bisect(class_model, best, bound, budget * 0.2, deadline, config)
+            if method == "class":  # the probes return at once where the gap is closed
+                best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.2, deadline, config)
     if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
         result = solve_joint(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules

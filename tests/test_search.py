@@ -12,7 +12,7 @@ from planner.bounds import lower_bound_ms, shard_limited_bound_ms
 from planner.cpsat import ClassModel
 from planner.greedy import choose_options, local_search, pack, rechoose_options
 from planner.placement_rules import RankRules
-from planner.solver import SolverConfig, _bisect, solve
+from planner.solver import SolverConfig, _probe_caps, solve
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak, options_for
 
@@ -69,7 +69,7 @@ def test_probes_climb_from_the_bound_to_the_optimum(tables, ranks):
     bound = shard_limited_bound_ms(options, ranks)
     model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
     config = SolverConfig(probe_step=0.01)
-    best, best_peak, proven = _bisect(model, start, bound, 20.0, time.monotonic() + 60, config)
+    best, best_peak, proven = _probe_caps(model, start, bound, 20.0, time.monotonic() + 60, config)
     assert bound <= proven <= optimum * (1 + 1e-9)
     assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= proven * (1 + config.target_gap) + 1e-9
 
