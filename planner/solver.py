@@ -157,7 +157,8 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     takes (26 MLPerf tables on 16 ranks: 6.36 ms in 0.06 s, 6.42 in 0.7 s, 6.45 in 4.7
     deterministic s), so small steps bank cheap proofs, where the midpoint spent the budget on
     one that ended undecided. An undecided probe caps the next ones below it, as its budget
-    would only be spent again there. Returns (best, its peak, bound)."""
+    would only be spent again there; each may take two thirds of the wall clock left, as the
+    last ones to climb need the most. Returns (best, its peak, bound)."""
     world = model.cluster.world_size
     best_peak, spent, undecided_ms = _peak(best, world), 0.0, math.inf
     while spent < budget_s - 1e-3 and time.monotonic() < deadline_s:
@@ -165,7 +166,7 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
         if high <= bound_ms * (1 + config.target_gap):
             break
         target = min((bound_ms + high) / 2, bound_ms * (1 + config.probe_step))
-        result = model.solve(budget_s - spent, (deadline_s - time.monotonic()) / 2, config.seed, config.target_gap, target, cuts=True)
+        result = model.solve(budget_s - spent, (deadline_s - time.monotonic()) * 2 / 3, config.seed, config.target_gap, target, cuts=True)
         spent += result.deterministic_s
         if result.bound_ms is not None:
             bound_ms = max(bound_ms, result.bound_ms)
@@ -201,9 +202,10 @@ def solve(
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
-        # Half the time left, at most: where the optimisation stalls, probes under caps do better.
+        # A third of the time left, at most: where the optimisation stalls, probes under caps do
+        # better, and near the optimum one probe needs seconds (26 MLPerf tables on 16 ranks).
         class_model = ClassModel(options_by_table, cluster, best, unit_ms, bound, rules)
-        result = class_model.solve(budget * 0.3, (deadline - time.monotonic()) / 2, config.seed, config.target_gap)
+        result = class_model.solve(budget * 0.3, (deadline - time.monotonic()) / 3, config.seed, config.target_gap)
         if result.bound_ms is not None:
             bound = max(bound, result.bound_ms)
         if result.assignment is not None:
@@ -213,7 +215,7 @@ def solve(
                 best, best_peak = result.assignment, peak
             method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
             if method == "class":  # the probes return at once where the gap is closed
-                best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.2, deadline, config)
+                best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.5 - result.deterministic_s, deadline, config)
     if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
         result = solve_joint(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules

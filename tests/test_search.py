@@ -9,7 +9,11 @@ import pytest
 
 from planner.assignment import RankLoads, rank_capacities
 from planner.bounds import lower_bound_ms, shard_limited_bound_ms
-from planner.cpsat import ClassModel
+from ortools.sat.python import cp_model
+
+from planner.assignment import Assignment
+from planner.cpsat import ClassModel, packing_cut_value, solver_parameters
+from planner.types import Placement
 from planner.greedy import choose_options, local_search, pack, rechoose_options
 from planner.placement_rules import RankRules
 from planner.solver import SolverConfig, _probe_caps, solve
@@ -102,3 +106,42 @@ def test_rechoosing_options_keeps_pins():
     better = rechoose_options(pinned, start.copy(), cluster, time.monotonic() + 10, rules)
     assert peak(better, 4) < peak(start, 4)
     assert better.shard_ranks["t0"] == [3] and better.shard_ranks["t1"] == [2]
+
+
+def test_packing_cut_values_fit_one_rank_and_count_the_large_shards():
+    """Shards that fit a rank together have f_k summing to at most k (what makes each cut valid),
+    and three shards over half a cap count three ranks where their area needs two."""
+    rng = np.random.default_rng(0)
+    cap = 20_000
+    for _ in range(2_000):
+        loads = []
+        while True:  # shards drawn until the next would overfill the rank
+            t = int(rng.integers(1, cap + 1) ** rng.uniform(0.5, 1.0))
+            if sum(loads) + t > cap:
+                break
+            loads.append(t)
+        for k in range(1, 9):
+            assert sum(packing_cut_value(t, cap, k) for t in loads) <= k
+    assert sum(packing_cut_value(int(0.6 * cap), cap, 1) for _ in range(3)) == 3  # > 2 ranks' worth of k=1
+    assert packing_cut_value(cap // 3, cap, 2) == 0 and packing_cut_value(cap // 3 + 1, cap, 2) == 1
+
+
+def test_class_model_hint_keeps_a_plan_with_node_bound_options():
+    """A plan that took a node-bound option (table-column-wise, which the class model leaves
+    out) is hinted through its free twin: the hint is complete and feasible, so the model can
+    start from it (otherwise CP-SAT starts from the horizon and returns far worse plans)."""
+    problem = make_problem([table(f"t{i}", 400_000, 128, 20.0) for i in range(5)], make_cluster(num_nodes=2, ranks_per_node=2), batch=4096)
+    options = options_for(problem)
+    plan = Assignment()
+    for i, (name, opts) in enumerate(options.items()):
+        node_bound = next(o for o in opts if o.placement is Placement.ONE_NODE)
+        plan.choice[name] = node_bound
+        plan.shard_ranks[name] = [(i % 2) * 2 + s for s in range(len(node_bound.shards))]
+    model = ClassModel(options, problem.cluster, plan, unit_ms=peak(plan, 4) / 20_000)
+    proto = model.model.Proto()
+    assert len(proto.solution_hint.vars) == len(proto.variables)  # complete, the busiest rank included
+    solver = solver_parameters(5.0, 10.0, 0)
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    assert solver.Solve(model.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    result = model.solve(0.5, 10.0, seed=0)
+    assert peak(result.assignment, 4) <= peak(plan, 4) * (1 + 1e-9)
