@@ -96,7 +96,7 @@ def split_stuck_table(chosen: dict[str, ShardingOption], options_by_table: Mappi
 
 
 def _fits(loads: RankLoads, caps: np.ndarray, rank: int, shard_bytes: np.ndarray) -> bool:
-    return bool(np.all(loads.bytes[rank] + shard_bytes <= caps))
+    return bool((loads.bytes[rank] + shard_bytes <= caps).all())
 
 
 def _shard_bytes(option: ShardingOption, index: int) -> np.ndarray:
@@ -134,8 +134,7 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec, rules: Rank
     def place(option: ShardingOption, ranks: list[int]) -> None:
         out.shard_ranks[option.table] = ranks
         loads.add(option, ranks)
-        for r in ranks:
-            occupancy.add(option.table, r)
+        occupancy.add_shards(option.table, ranks)
 
     for option in by_kind[Placement.EVERY_RANK]:  # the constraints leave none that a rule would refuse
         place(option, list(range(world)))
@@ -198,7 +197,7 @@ def _least_loaded_with_room(
         skipped = []
         while heap:
             _, rank = heapq.heappop(heap)
-            if np.all(used[rank] + need <= caps) and scratch.admits(option.table, rank):
+            if (used[rank] + need <= caps).all() and scratch.admits(option.table, rank):
                 break
             skipped.append((float(ms[rank]), rank))
         else:
@@ -223,7 +222,7 @@ def lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: n
     for i in order:
         need = _shard_bytes(option, i)
         for r in sorted(ranks, key=lambda r: (ms[r], r)):
-            if np.all(used[r] + need <= caps):
+            if (used[r] + need <= caps).all():
                 placed[i] = r
                 ms[r] += option.shards[i].perf.total_ms
                 used[r] += need

@@ -39,8 +39,7 @@ class RankRules:
     def occupancy(self, shard_ranks: Mapping[str, Iterable[int]]) -> Occupancy:
         occupancy = Occupancy(self)
         for table, ranks in shard_ranks.items():
-            for rank in ranks:
-                occupancy.add(table, rank)
+            occupancy.add_shards(table, ranks)
         return occupancy
 
 
@@ -51,6 +50,11 @@ class Occupancy:
         self.rules = rules
         self.count: Counter[tuple[int, int, str]] = Counter()  # (group, rank, table) -> shards
         self.holder: dict[tuple[int, int], set[str]] = {}
+
+    def add_shards(self, table: str, ranks: Iterable[int]) -> None:
+        if table in self.rules.apart:  # a table in no keep-apart group changes nothing here
+            for rank in ranks:
+                self.add(table, rank)
 
     def add(self, table: str, rank: int, sign: int = 1) -> None:
         for g in self.rules.apart.get(table, ()):
