@@ -141,3 +141,26 @@ def test_large_instance_is_balanced_and_within_capacity():
     cap = problem.cluster.hbm_bytes_per_rank
     assert all(r.memory.hbm_bytes <= cap for r in plan.ranks)
     assert set(plan.tables) == {t.name for t in problem.tables}
+
+
+def test_rank_loads_add_shards_that_share_a_rank():
+    """Shards of one option on the same rank add up (the distinct-rank fast path must not
+    drop one), removing them restores the loads, and `of` sums as adding table by table."""
+    from planner.assignment import Assignment, RankLoads
+
+    problem = make_problem([table("a", 100_000, 64, 8.0), table("b", 50_000, 32, 2.0)], make_cluster(ranks_per_node=3))
+    options = options_for(problem)
+    split = next(o for o in options["a"] if o.placement is Placement.ANY_RANK and len(o.shards) >= 2)
+    whole = next(o for o in options["b"] if o.placement is Placement.ANY_RANK and len(o.shards) == 1)
+    shared = [0] * len(split.shards)
+    loads = RankLoads.empty(3)
+    loads.add(split, shared)
+    assert loads.ms[0] == pytest.approx(split.shard_ms.sum()) and loads.ms[1:].sum() == 0
+    assert (loads.bytes[0] == split.shard_bytes.sum(axis=0)).all()
+    loads.add(whole, [2])
+    one_by_one = loads.ms.copy(), loads.bytes.copy()
+    together = RankLoads.of(Assignment({"a": split, "b": whole}, {"a": shared, "b": [2]}), 3)
+    assert np.array_equal(together.ms, one_by_one[0]) and np.array_equal(together.bytes, one_by_one[1])
+    loads.add(split, shared, sign=-1)
+    loads.add(whole, [2], sign=-1)
+    assert not loads.ms.any() and not loads.bytes.any()
