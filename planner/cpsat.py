@@ -397,7 +397,7 @@ class ClassModel:
                 if o.placement is Placement.ONE_NODE:
                     # Leaving out an option that a free-placement twin with the same shard costs and
                     # sizes dominates (table_column_wise beside column_wise, usually) keeps the bound.
-                    left_out = left_out or not any(_same_shards(o, twin) for twin in options if twin.placement is Placement.ANY_RANK)
+                    left_out = left_out or _free_twin(o, options) is None
                     continue
                 choose = model.NewBoolVar(f"c[{table},{k}]")
                 chooses.append(choose)
@@ -541,7 +541,7 @@ def _hint_free_twins(hint: Assignment, options_by_table: Mapping[str, Sequence[S
     for table, o in hint.choice.items():
         if o.placement is not Placement.ONE_NODE:
             continue
-        twin = next((t for t in options_by_table[table] if t.placement is Placement.ANY_RANK and _same_shards(o, t)), None)
+        twin = _free_twin(o, options_by_table[table])
         if twin is not None:
             ranks = [0] * len(twin.shards)
             for mine, theirs in zip(np.argsort(twin.shard_ms, kind="stable"), np.argsort(o.shard_ms, kind="stable")):
@@ -557,6 +557,11 @@ def _hinted_peak_ticks(hint: Assignment, world: int, unit_ms: float) -> int:
         for i, r in enumerate(hint.shard_ranks[table]):
             ticks[r] += _ticks(float(o.shard_ms[i]), unit_ms)
     return max(ticks)
+
+
+def _free_twin(option: ShardingOption, options: Sequence[ShardingOption]) -> ShardingOption | None:
+    """A free-placement option with the same shard costs and sizes as `option`, if any."""
+    return next((t for t in options if t.placement is Placement.ANY_RANK and _same_shards(option, t)), None)
 
 
 def _same_shards(a: ShardingOption, b: ShardingOption) -> bool:
