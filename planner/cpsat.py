@@ -21,8 +21,6 @@ from planner.specs import ClusterSpec
 from planner.types import TIERS, Placement, ShardingOption
 
 KIB = 1024
-
-
 PACKING_CUT_LEVELS = 8  # f_1..f_8 in ClassModel._add_packing_cuts: one linear constraint each, per probe
 
 
