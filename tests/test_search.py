@@ -1,22 +1,20 @@
 """The search's bounds and its improvers: the shard-limited bound, the class model under a cap
-(the bisection's question) and the hill climbing over options."""
+(the probes' question) and the hill climbing over options."""
 
 import math
 import time
 
 import numpy as np
 import pytest
-
-from planner.assignment import RankLoads, rank_capacities
-from planner.bounds import lower_bound_ms, shard_limited_bound_ms
 from ortools.sat.python import cp_model
 
-from planner.assignment import Assignment
+from planner.assignment import Assignment, RankLoads, rank_capacities
+from planner.bounds import lower_bound_ms, shard_limited_bound_ms
 from planner.cpsat import ClassModel, packing_cut_value, solver_parameters
-from planner.types import Placement
 from planner.greedy import choose_options, local_search, pack, rechoose_options
 from planner.placement_rules import RankRules
 from planner.solver import SolverConfig, _probe_caps, solve
+from planner.types import Placement
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak, options_for
 

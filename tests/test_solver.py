@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
+from planner.assignment import Assignment, RankLoads
 from planner.candidates import enumerate_options
 from planner.cost_model import AnalyticCostModel
 from planner.errors import InfeasiblePlanError
@@ -146,8 +147,6 @@ def test_large_instance_is_balanced_and_within_capacity():
 def test_rank_loads_add_shards_that_share_a_rank():
     """Shards of one option on the same rank add up (the distinct-rank fast path must not
     drop one), removing them restores the loads, and `of` sums as adding table by table."""
-    from planner.assignment import Assignment, RankLoads
-
     problem = make_problem([table("a", 100_000, 64, 8.0), table("b", 50_000, 32, 2.0)], make_cluster(ranks_per_node=3))
     options = options_for(problem)
     split = next(o for o in options["a"] if o.placement is Placement.ANY_RANK and len(o.shards) >= 2)
