@@ -16,7 +16,8 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
 4. Planner regret per held-out mix: the median measured step of the planner's plan over the
    fastest plan's median, for ours and for TorchRec's.
 
-    python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3]
+    python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3] [--runs DIR]
+    python benchmarks/costmodel_bench.py --runs DIR --rescore   # score kept runs with the model as it is now
 
 Writes benchmarks/results/costmodel.json, costmodel.png (scatter) and costmodel_regret.png.
 """
@@ -123,20 +124,28 @@ def spearman(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def run_mix(index: int, hardware: str, steps: int, repeats: int, tmp: Path, log) -> list[Path]:
-    tables = generate_mix(index)
-    config = tmp / f"mix{index}.yaml"
-    write_config(config, tables, hardware)
-    problem = load_problem(config)
-    plans = {label: given_plan(problem, label) for label in PLANS}
+def run_mixes(indices: list[int], hardware: str, steps: int, repeats: int, runs: Path, log, train_runs: bool = True) -> list[Path]:
+    """Each mix under every plan, `repeats` times. Repeats go round over all the mixes (a slow
+    spell of the machine then touches one repeat of many plans, which their medians discard,
+    not every repeat of one mix), plans alternated within a mix (each leads once). With
+    `train_runs` False, the runs already in `runs` are read back instead (--rescore)."""
+    plans = {}
+    for index in indices:
+        config = runs / f"mix{index}.yaml"
+        if train_runs:
+            write_config(config, generate_mix(index), hardware)
+        problem = load_problem(config)
+        plans[index] = {label: given_plan(problem, label) for label in PLANS}
     folders = []
     for rep in range(repeats):
-        order = PLANS[rep % len(PLANS):] + PLANS[:rep % len(PLANS)]  # alternated: each plan leads once
-        for label in order:
-            out = tmp / f"mix{index}_{label}_r{rep}"
-            train(config, steps, label, plans[label], out)
-            folders.append(out)
-            log(f"mix{index} {label} r{rep}: {load_run(out, hardware).step_ms:.2f} ms")
+        for index in indices:
+            order = PLANS[rep % len(PLANS):] + PLANS[:rep % len(PLANS)]
+            for label in order:
+                out = runs / f"mix{index}_{label}_r{rep}"
+                if train_runs:
+                    train(runs / f"mix{index}.yaml", steps, label, plans[index][label], out)
+                    log(f"mix{index} {label} r{rep}: {load_run(out, hardware).step_ms:.2f} ms")
+                folders.append(out)
     return folders
 
 
@@ -160,6 +169,16 @@ def accuracy(rows: list[dict], key: str) -> dict:
     rel = np.abs(predicted / measured - 1)
     return {"runs": len(rows), "spearman": spearman(predicted, measured), "median_abs_rel_error": float(np.median(rel)),
             "max_abs_rel_error": float(rel.max())}
+
+
+def accuracy_of_medians(rows: list[dict], key: str) -> dict:
+    """As accuracy, over each plan's median measured step (the repeats' spread left out)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["mix"], r["plan"]), []).append(r)
+    medians = [{"measured_step_ms": statistics.median(x["measured_step_ms"] for x in g),
+                key: statistics.median(x[key] for x in g)} for g in groups.values()]
+    return {**accuracy(medians, key), "runs": len(rows), "plans": len(medians)}
 
 
 def phase_errors(rows: list[dict]) -> dict:
@@ -230,18 +249,28 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3, help="held-out runs per plan (the fit half trains once)")
     ap.add_argument("--mixes", type=int, default=len(TABLE_COUNTS), help="the first N mixes (a quick look)")
+    ap.add_argument("--runs", type=Path, help="keep the training runs in this folder (default: a temporary one)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="train nothing: refit and score the runs kept in --runs, with the cost model as it is now")
     args = ap.parse_args()
     if args.steps < 30 or args.repeats < 1 or not 2 <= args.mixes <= len(TABLE_COUNTS):
         print(f"error: --steps must be >= 30 (3 windows), --repeats >= 1, --mixes in 2..{len(TABLE_COUNTS)}", file=sys.stderr)
         return 2
+    if args.rescore and (args.runs is None or not (args.runs / "mix0.yaml").is_file()):
+        print("error: --rescore needs --runs DIR holding a finished run of this benchmark (its mix0.yaml, runs and plans)", file=sys.stderr)
+        return 2
+    if args.runs is not None and not args.rescore and args.runs.exists() and any(args.runs.iterdir()):
+        print(f"error: --runs {args.runs} is not empty; give a new folder, or add --rescore to score its runs again", file=sys.stderr)
+        return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
-    fitted_profile = RESULTS / "costmodel_fitted.yaml"
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        fit_dirs = [d for i in range(0, args.mixes, 2) for d in run_mix(i, "cpu_gloo", args.steps, 1, tmp, log)]
+        runs = args.runs or Path(tmp)
+        runs.mkdir(parents=True, exist_ok=True)
+        fitted_profile = runs / "rescored_fitted.yaml" if args.rescore else RESULTS / "costmodel_fitted.yaml"
+        fit_dirs = run_mixes(list(range(0, args.mixes, 2)), "cpu_gloo", args.steps, 1, runs, log, not args.rescore)
         _, fit = refit_from_runs(fit_dirs, "cpu_gloo", fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
-        held_dirs = [d for i in range(1, args.mixes, 2) for d in run_mix(i, str(fitted_profile), args.steps, args.repeats, tmp, log)]
+        held_dirs = run_mixes(list(range(1, args.mixes, 2)), str(fitted_profile), args.steps, args.repeats, runs, log, not args.rescore)
         calibrated = profile_values(load_run(fit_dirs[0]).run.problem.cluster)
         held = [load_run(d, str(fitted_profile)) for d in held_dirs]
         fit_runs_ = [load_run(d, str(fitted_profile)) for d in fit_dirs]
@@ -250,6 +279,7 @@ def main() -> int:
     regrets = regret(held_out)
     summary = {
         "held_out": accuracy(held_out, "predicted_step_ms"),
+        "held_out_plan_medians": accuracy_of_medians(held_out, "predicted_step_ms"),
         "held_out_calibrated_profile": accuracy(held_out, "predicted_step_ms_calibrated"),
         "fit_half": accuracy(fitted_on, "predicted_step_ms"),
         "held_out_phases": phase_errors(held_out),
@@ -261,8 +291,13 @@ def main() -> int:
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
     doc = {"summary": summary, "regret": regrets, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
            "fit_half": fitted_on, "mixes": mixes, "hardware": str(hardware_path("cpu_gloo").relative_to(ROOT))}
-    (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
-    plots(held_out, regrets, summary)
+    if args.rescore:  # a look at the cost model as it is now: the published figures stay those of a full run
+        (args.runs / "rescored.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"rescored: {args.runs / 'rescored.json'}; the regrets below are of the plans these runs trained, "
+              "not of what the planner would choose now")
+    else:
+        (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
+        plots(held_out, regrets, summary)
     print(json.dumps(summary, indent=1))
     print("| mix | tables | fastest plan | ours regret | TorchRec regret |\n|---|---|---|---|---|")
     for m, r in regrets.items():

@@ -49,6 +49,8 @@ PROFILE_KEYS = {
     "lookup_bwd_ns": "lookup_bwd_ns",
     "lookup_bwd_row_ns": "lookup_bwd_row_ns",
     "input_id_ns": "input_id_ns",
+    "bucketize_id_ns": "bucketize_id_ns",
+    "reduce_byte_ns": "reduce_byte_ns",
     "dense_update_ns": "dense_update_ns",
     "dense_grad_ns": "dense_grad_ns",
     "dense_gflops": "dense_gflops",

@@ -13,7 +13,7 @@ a hardware profile. dlrm_scale.bridge.torchrec_cost implements it from TorchRec'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from planner.specs import (
     OPTIMIZER_STATE,
@@ -160,8 +160,8 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     The (L-1)/W share for the node's other ranks crosses the intra-node link, the (W-L)/W
     share the inter-node link; both links work at once, so the slower one sets the time.
     The 1/W share for the rank itself is free. TorchRec sends all of a rank's shards in one
-    collective per step, so a shard pays bandwidth only; the collective's latency
-    (collective_latency_ms) is paid once per step, by the step (dlrm_scale.tools.simulate).
+    collective per step and sharding type, so a shard pays bandwidth only; the collective's
+    latency (collective_latency_ms) is paid per type, by the step (sharding_types_ms).
     """
     world, local = cluster.world_size, cluster.ranks_per_node
     intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
@@ -169,11 +169,29 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     return max(intra, inter)
 
 
-def input_distribution_ms(num_ids: float, cluster: ClusterSpec) -> float:
+def input_distribution_ms(num_ids: float, cluster: ClusterSpec, bucketized_ids: float = 0.0) -> float:
     """Routing a shard's ids to it: the int64 ids over the all-to-all, plus host-side work per
     id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU) and
-    the shard's part of the collective's host work (shard_comm_ms)."""
-    return all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6 + shard_comm_ms(0.0, cluster)
+    the shard's part of the collective's host work (shard_comm_ms). A row-wise table's ids are
+    first split by row block where they are read (`bucketized_ids` of them on this rank)."""
+    return (all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6
+            + bucketized_ids * cluster.bucketize_id_ns * 1e-6 + shard_comm_ms(0.0, cluster))
+
+
+def embedding_collectives(sharding_types: Iterable[str]) -> int:
+    """How many times each embedding collective (input distribution, pooled forward, pooled
+    backward) runs per step: once per sharding type with a table in the plan. TorchRec batches
+    a type's tables into one input and one output distribution, but keeps a separate pair per
+    type (ShardedEmbeddingBagCollection's dists), so each further type pays the collectives'
+    fixed cost (collective_latency_ms) again on every rank. Data-parallel tables join DDP's
+    all-reduce instead."""
+    return len({str(getattr(t, "value", t)) for t in sharding_types} - {ShardingType.DATA_PARALLEL.value})
+
+
+def sharding_types_ms(num_types: int, cluster: ClusterSpec) -> float:
+    """Every rank's fixed cost of the embedding collectives of a plan using `num_types`
+    sharding types (see embedding_collectives): three collectives per type."""
+    return 3 * num_types * cluster.collective_latency_ms
 
 
 def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:
@@ -189,25 +207,31 @@ def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
     return cluster.intra_node_gb_per_s if group_size <= cluster.ranks_per_node else cluster.inter_node_gb_per_s
 
 
-def reduce_scatter_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
-    """Ring reduce-scatter (or its mirror, all-gather) of `bytes_in` per rank over a group.
-
-    Each rank sends (g-1)/g of its buffer over the ring's slowest link; latency as for the
-    all-to-all (once per step, not per shard).
-    """
+def all_gather_ms(bytes_out: float, group_size: int, cluster: ClusterSpec) -> float:
+    """Ring all-gather of `bytes_out` per rank over a group (a row-wise table's backward: the
+    mirror of its forward reduce-scatter). Each rank sends (g-1)/g of the buffer over the ring's
+    slowest link; latency as for the all-to-all (per step and sharding type, not per shard)."""
     if group_size == 1:
         return 0.0
-    link = ring_link_gb_per_s(group_size, cluster)
-    return transfer_ms(bytes_in * (group_size - 1) / group_size, link)
+    return transfer_ms(bytes_out * (group_size - 1) / group_size, ring_link_gb_per_s(group_size, cluster))
+
+
+def reduction_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
+    """Summing the (g-1)/g of a buffer that a ring reduction receives from the other ranks: on a
+    GPU inside the collective's kernel (reduce_byte_ns 0), on a CPU by the host, per byte."""
+    return bytes_in * (group_size - 1) / group_size * cluster.reduce_byte_ns * 1e-6 if group_size > 1 else 0.0
+
+
+def reduce_scatter_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
+    """Ring reduce-scatter of `bytes_in` per rank over a group: the all-gather's traffic, plus
+    summing what arrives."""
+    return all_gather_ms(bytes_in, group_size, cluster) + reduction_ms(bytes_in, group_size, cluster)
 
 
 def all_reduce_ms(num_bytes: float, group_size: int, cluster: ClusterSpec) -> float:
-    """Ring all-reduce: a reduce-scatter then an all-gather, 2(g-1)/g of the buffer per rank,
-    bandwidth only (DDP buckets every replica's gradient into few collectives per step)."""
-    if group_size == 1:
-        return 0.0
-    link = ring_link_gb_per_s(group_size, cluster)
-    return transfer_ms(2 * num_bytes * (group_size - 1) / group_size, link)
+    """Ring all-reduce: a reduce-scatter then an all-gather, 2(g-1)/g of the buffer per rank
+    (DDP buckets every replica's gradient into few collectives per step)."""
+    return reduce_scatter_ms(num_bytes, group_size, cluster) + all_gather_ms(num_bytes, group_size, cluster)
 
 
 def dense_compute_ms(flops: float, gflops: float) -> float:
@@ -311,12 +335,14 @@ class AnalyticCostModel:
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 
-        ids_in = input_distribution_ms(lookups, cl)
+        row_blocks = st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+        # every rank splits its own samples' ids of a row-wise table by row block
+        ids_in = input_distribution_ms(lookups, cl, local_batch * pooling if row_blocks else 0.0)
         # every scheme's shard puts its pooled sums for the global batch into the collective
         out_fwd, out_bwd = row_comm_bytes(global_batch, g.cols, fwd_p), row_comm_bytes(global_batch, g.cols, bwd_p)
-        if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        if row_blocks:  # partial sums reduce-scattered forward; the backward all-gathers gradients
             fwd = reduce_scatter_ms(out_fwd, group, cl)
-            bwd = reduce_scatter_ms(out_bwd, group, cl)
+            bwd = all_gather_ms(out_bwd, group, cl)
             if st is ShardingType.TABLE_ROW_WISE:  # then each rank's 1/L of the node's sums goes out
                 fwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, fwd_p), cl)
                 bwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, bwd_p), cl)

@@ -24,6 +24,7 @@ def format_plan(plan: Plan, max_rank_rows: int = 16, max_table_rows: int = 32) -
         lines.append(f"cached tables {len(cached)}: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
     lines.append(
         f"busiest rank {plan.max_rank_ms:.4f} ms/step, lower bound {plan.lower_bound_ms:.4f} ms, gap {100 * plan.gap:.2f}%"
+        + (" (fewer sharding types: a busier rank, fewer embedding collectives a step)" if "fewer-types" in plan.solver else "")
     )
     header = f"{'rank':>5} {'total ms':>10} {'compute':>10} {'comms':>10} " + " ".join(f"{t + ' GiB':>9}" for t in TIERS)
     lines.append(header)

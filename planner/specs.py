@@ -139,6 +139,8 @@ class ClusterSpec:
     lookup_bwd_ns: float = 0.0  # same for the backward with the fused optimizer
     lookup_bwd_row_ns: float = 0.0  # the backward's fixed cost per distinct row updated (the optimizer's math)
     input_id_ns: float = 0.0  # host-side handling of each id routed to its shard (input distribution)
+    bucketize_id_ns: float = 0.0  # splitting each id of a row-wise table by row block before it is routed (CPU)
+    reduce_byte_ns: float = 0.0  # summing each byte a reduce-scatter or all-reduce receives, on the host (CPU)
     dense_update_ns: float = 0.0  # fixed cost per weight of a replica's dense optimizer step (CPU)
     dense_grad_ns: float = 0.0  # fixed cost per weight of a replica's dense gradient in the backward (CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
@@ -170,6 +172,7 @@ class ClusterSpec:
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "input_id_ns",
+                     "bucketize_id_ns", "reduce_byte_ns",
                      "dense_update_ns", "dense_grad_ns", "dense_gflops",
                      "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)

@@ -4,6 +4,7 @@ import pytest
 from dlrm_scale.tools.calibrate import fit_comms, fit_embedding
 from dlrm_scale.tools.fit import nonnegative_lstsq
 from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
+from tests.conftest import make_cluster
 
 
 def test_nonnegative_least_squares():
@@ -33,13 +34,17 @@ def test_embedding_fit_recovers_the_cost_model_constants():
     assert fit["ddr_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
 
 
-def test_comms_fit_recovers_latency_and_bandwidth():
-    latency, gb_per_s, world = 0.3, 2.0, 2
-    samples = [{"bytes": b, "all_to_all_ms": latency + b * (world - 1) / world / (gb_per_s * 1e6),
-                "all_reduce_ms": latency + 2 * b * (world - 1) / world / (gb_per_s * 1e6)} for b in (1 << 14, 1 << 20, 1 << 24)]
+def test_comms_fit_recovers_latency_bandwidth_and_summing():
+    from planner.cost_model import all_reduce_ms, all_to_all_ms
+
+    latency, gb_per_s, reduce_ns, world = 0.3, 2.0, 0.4, 2
+    cluster = make_cluster(num_nodes=1, ranks_per_node=world, intra_node_gb_per_s=gb_per_s, reduce_byte_ns=reduce_ns)
+    samples = [{"bytes": b, "all_to_all_ms": latency + all_to_all_ms(b, cluster),
+                "all_reduce_ms": latency + all_reduce_ms(b, world, cluster)} for b in (1 << 14, 1 << 20, 1 << 24)]
     fit = fit_comms(samples, world)
     assert fit["collective_latency_ms"] == pytest.approx(latency, rel=1e-6)
     assert fit["intra_node_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
+    assert fit["reduce_byte_ns"] == pytest.approx(reduce_ns, rel=1e-6)
 
 
 def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():

@@ -83,6 +83,11 @@ def test_ring_collectives():
     assert cm.reduce_scatter_ms(8e6, 8, c) == pytest.approx(7e6 / 10e6)  # spans nodes: the NIC
     assert cm.all_reduce_ms(8e6, 8, c) == pytest.approx(2 * 7e6 / 10e6)
     assert cm.all_reduce_ms(8e6, 1, c) == 0.0
+    # a host that sums what arrives (a CPU) pays per byte received in the reductions only
+    summing = make_cluster(num_nodes=2, ranks_per_node=4, collective_latency_ms=0.0, reduce_byte_ns=0.5)
+    assert cm.reduce_scatter_ms(8e6, 8, summing) == pytest.approx(7e6 / 10e6 + 7e6 * 0.5e-6)
+    assert cm.all_gather_ms(8e6, 8, summing) == pytest.approx(7e6 / 10e6)
+    assert cm.all_reduce_ms(8e6, 8, summing) == pytest.approx(2 * 7e6 / 10e6 + 7e6 * 0.5e-6)
 
 
 def test_table_wise_shard_by_hand():
@@ -116,6 +121,24 @@ def test_row_wise_spreads_lookups_and_pays_reduce_scatter():
     assert len(rw.shards) == 4
     assert rw.shards[0].perf.fwd_compute_ms == pytest.approx(tw.shards[0].perf.fwd_compute_ms / 4)
     assert rw.shards[0].storage.hbm_bytes < tw.shards[0].storage.hbm_bytes
+
+
+def test_row_wise_sums_forward_gathers_backward_and_splits_its_ids():
+    """On a CPU the forward reduce-scatter sums partial results and the backward all-gather does
+    not; every rank splits its own ids of a row-wise table by row block before routing them."""
+    t = TableSpec("t", 100_000, 16, pooling_factor=3.0)
+
+    def rw_and_tw(**costs):
+        model = AnalyticCostModel(make_cluster(num_nodes=1, ranks_per_node=4, **costs), TrainingSpec(batch_size_per_rank=1000))
+        return model.estimate([OptionRequest(t, s, "fused", "hbm", tuple(shard_geometry(t, s, n)))
+                               for s, n in ((ShardingType.ROW_WISE, 4), (ShardingType.TABLE_WISE, 1))])
+
+    (rw, tw), (rw_cpu, tw_cpu) = rw_and_tw(), rw_and_tw(reduce_byte_ns=0.5, bucketize_id_ns=2.0)
+    summed = 4000 * 16 * 4 * 3 / 4 * 0.5e-6  # the global batch's fp32 sums, 3/4 of them from the other ranks
+    assert rw_cpu.shards[0].perf.fwd_comms_ms - rw.shards[0].perf.fwd_comms_ms == pytest.approx(summed)
+    assert rw_cpu.shards[0].perf.bwd_comms_ms == pytest.approx(rw.shards[0].perf.bwd_comms_ms)
+    assert rw_cpu.shards[0].perf.input_dist_ms - rw.shards[0].perf.input_dist_ms == pytest.approx(1000 * 3.0 * 2.0e-6)
+    assert tw_cpu.shards[0].perf == tw.shards[0].perf
 
 
 def test_lower_precision_cuts_comms_only():

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from dlrm_scale.run_config import ModelConfig
@@ -55,3 +57,26 @@ def test_a_data_parallel_table_trains_on_the_dense_side_and_pays_no_all_to_all()
     assert dp.ranks[0].phases_ms["dense"] - sharded.ranks[0].phases_ms["dense"] == pytest.approx(update)
     assert dp.ranks[0].phases_ms["a2a_fwd"] == 0.0 and sharded.ranks[0].phases_ms["a2a_fwd"] >= 0.5
     assert dp.ranks[0].phases_ms["all_reduce"] > sharded.ranks[0].phases_ms["all_reduce"]
+
+
+def test_each_sharding_type_runs_its_own_embedding_collectives():
+    """TorchRec keeps one input and one output distribution per sharding type: each embedding
+    collective's latency is paid once per type the plan uses (a replicated table adds none),
+    DDP's all-reduce once whatever the mix."""
+    problem = make_problem([table("a", 10_000, 16), table("b", 10_000, 16), table("c", 100, 16)], make_cluster(ranks_per_node=2), batch=256)
+    a, b, c = problem.tables
+    model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
+
+    def latency_paid(a_scheme: ShardingType, b_scheme: ShardingType) -> dict:
+        plan = Plan(2, 2, {"a": table_layout(a, a_scheme, [0, 1] if a_scheme is ShardingType.ROW_WISE else [0], "hbm"),
+                           "b": table_layout(b, b_scheme, [1], "hbm"),
+                           "c": table_layout(c, ShardingType.DATA_PARALLEL, [0, 1], "hbm")}, (), 0.0, 0.0)
+        with_latency, without = (simulate(plan, replace(problem, cluster=replace(problem.cluster, collective_latency_ms=ms)), model)
+                                 for ms in (0.5, 0.0))
+        return {g: with_latency.ranks[1].phases_ms[g] - without.ranks[1].phases_ms[g] for g in PHASE_GROUPS}
+
+    tw, cw, rw = ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE
+    for (a_scheme, b_scheme), types in {(tw, tw): 1, (rw, tw): 2, (tw, cw): 2}.items():
+        paid = latency_paid(a_scheme, b_scheme)
+        assert [paid[g] for g in ("input_dist", "a2a_fwd", "a2a_bwd")] == pytest.approx([0.5 * types] * 3)
+        assert paid["all_reduce"] == pytest.approx(0.5) and paid["embedding"] == paid["dense"] == 0.0

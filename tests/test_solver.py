@@ -163,3 +163,30 @@ def test_rank_loads_add_shards_that_share_a_rank():
     loads.add(split, shared, sign=-1)
     loads.add(whole, [2], sign=-1)
     assert not loads.ms.any() and not loads.bytes.any()
+
+
+def test_a_plan_mixes_sharding_types_only_where_their_extra_collectives_pay():
+    """Each sharding type runs its own embedding collectives. With a costly collective, splitting
+    the hot table row-wise beside table-wise ones costs more a step than all table-wise (a busier
+    rank), so the planner keeps one type; with a free collective it mixes them. A constraint
+    that leaves a table only row-wise keeps it row-wise."""
+    from planner.constraints import constrain
+    from planner.cost_model import embedding_collectives, sharding_types_ms
+
+    tables = [table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(4)]
+
+    def planned(latency_ms, rules=()):
+        problem = constrain(make_problem(tables, make_cluster(ranks_per_node=2, collective_latency_ms=latency_ms)), {"tables": list(rules)})
+        plan = make_plan(problem)
+        types = embedding_collectives(t.sharding_type for t in plan.tables.values())
+        return plan, types, plan.max_rank_ms + sharding_types_ms(types, problem.cluster)
+
+    mixed, mixed_types, _ = planned(0.0)
+    assert mixed_types == 2 and mixed.tables["hot"].sharding_type == "row_wise" and mixed.gap <= 1e-3
+    one, one_types, one_step = planned(0.5)
+    assert one_types == 1 and "fewer-types" in one.solver
+    assert one.max_rank_ms > mixed.max_rank_ms  # a busier rank ...
+    assert one_step < mixed.max_rank_ms + 2 * 3 * 0.5  # ... and a shorter step than the mix would take
+    assert one.lower_bound_ms == pytest.approx(mixed.lower_bound_ms)  # the bound on the busiest rank stays valid
+    pinned, _, _ = planned(0.5, [{"match": "hot", "schemes": ["row_wise"]}])
+    assert pinned.tables["hot"].sharding_type == "row_wise"

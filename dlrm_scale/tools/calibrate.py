@@ -169,17 +169,20 @@ def comm_samples(cfg: CalibrationConfig) -> list[dict]:
 
 
 def fit_comms(samples: list[dict], world: int) -> dict[str, float]:
-    """Latency and per-rank link bandwidth of cost_model.all_to_all_ms / all_reduce_ms on one node."""
+    """Latency, per-rank link bandwidth and the host's summing per byte of cost_model.all_to_all_ms
+    / all_reduce_ms on one node: the all-reduce moves twice the all-to-all's share and sums one."""
     rows, targets = [], []
     for s in samples:
-        rows.append([1.0, s["bytes"] * (world - 1) / world])
+        share = s["bytes"] * (world - 1) / world
+        rows.append([1.0, share, 0.0])
         targets.append(s["all_to_all_ms"])
-        rows.append([1.0, 2 * s["bytes"] * (world - 1) / world])
+        rows.append([1.0, 2 * share, share * 1e-6])
         targets.append(s["all_reduce_ms"])
     a, b = np.array(rows), np.array(targets)
     x = nonnegative_lstsq(a / b[:, None], np.ones_like(b))
     link = 1.0 / (max(x[1], 1e-12) * 1e6)
-    return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": link, "inter_node_gb_per_s": link}
+    return {"collective_latency_ms": float(x[0]), "intra_node_gb_per_s": link, "inter_node_gb_per_s": link,
+            "reduce_byte_ns": float(x[2])}
 
 
 def replica_update_ns(cfg: CalibrationConfig) -> float:

@@ -22,6 +22,7 @@ from planner.cost_model import (
     dense_compute_ms,
     dense_overhead_ms,
     dense_update_ms,
+    embedding_collectives,
     host_overhead_ms,
 )
 from planner.plan import Plan
@@ -41,7 +42,7 @@ PHASE_GROUPS = {
     "all_reduce": ("dense_allreduce",),
     "other": ("data", "rest"),
 }
-COLLECTIVE_GROUPS = ("input_dist", "a2a_fwd", "a2a_bwd", "all_reduce")  # each one batched collective a step
+COLLECTIVE_GROUPS = ("input_dist", "a2a_fwd", "a2a_bwd", "all_reduce")  # batched collectives: once a step per sharding type (all-reduce: once)
 
 
 @dataclass(frozen=True)
@@ -116,15 +117,15 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
-    # the embeddings' three all-to-alls run when any table is sharded, DDP's all-reduce always
-    sharded = any(t.sharding_type != "data_parallel" for t in plan.tables.values())
-    collectives = COLLECTIVE_GROUPS if sharded else ("all_reduce",)
+    # the embeddings' three collectives once per sharding type, DDP's all-reduce always once
+    runs = embedding_collectives(t.sharding_type for t in plan.tables.values())
     for p in phases:
         p["dense"] += compute
-        p["all_reduce"] += reduce
+        p["all_reduce"] += reduce + cluster.collective_latency_ms
         p["other"] += host
-        for group in collectives:
-            p[group] += cluster.collective_latency_ms
+        for group in COLLECTIVE_GROUPS:
+            if group != "all_reduce":
+                p[group] += runs * cluster.collective_latency_ms
     ranks = tuple(RankSimulation(r, phases[r], storage[r]) for r in range(world))
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
 
