@@ -6,12 +6,12 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
 (`--planner torchrec`), all table-wise, all column-wise, all row-wise, and mostly data-parallel
 (every table whose weights take at most 16 MiB replicated, the rest table-wise).
 
-1. The fit half trains once per plan, priced by the calibrated profile
-   (configs/hardware/cpu_gloo.yaml, from `dlrm-scale calibrate`).
+1. The fit half trains once per plan, priced by the calibrated profile (--hardware, default
+   configs/hardware/cpu_gloo.yaml, from `dlrm-scale calibrate`).
 2. `calibrate --from-runs` refits that profile to the fit half's runs
    (benchmarks/results/costmodel_fitted.yaml).
-3. The held-out half trains --repeats times per plan, plans alternated, "ours" planned with the
-   refitted profile; each run's measured step (median over logging windows after the first)
+3. The held-out half trains --repeats times per plan (each repeat round all its mixes, plans
+   alternated within a mix), "ours" planned with the refitted profile; each run's measured step (median over logging windows after the first)
    and phases are compared with `simulate`'s prediction, under both profiles.
 4. Planner regret per held-out mix: the median measured step of the planner's plan over the
    fastest plan's median, for ours and for TorchRec's.
@@ -240,6 +240,10 @@ def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
     fig.savefig(RESULTS / "costmodel_regret.png", dpi=100)
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def log(message: str) -> None:
     print(message, flush=True)
 
@@ -249,6 +253,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3, help="held-out runs per plan (the fit half trains once)")
     ap.add_argument("--mixes", type=int, default=len(TABLE_COUNTS), help="the first N mixes (a quick look)")
+    ap.add_argument("--hardware", default="cpu_gloo",
+                    help="the profile the fit half is planned with and the refit starts from (e.g. a fresh `dlrm-scale calibrate`)")
     ap.add_argument("--runs", type=Path, help="keep the training runs in this folder (default: a temporary one)")
     ap.add_argument("--rescore", action="store_true",
                     help="train nothing: refit and score the runs kept in --runs, with the cost model as it is now")
@@ -267,8 +273,8 @@ def main() -> int:
         runs = args.runs or Path(tmp)
         runs.mkdir(parents=True, exist_ok=True)
         fitted_profile = runs / "rescored_fitted.yaml" if args.rescore else RESULTS / "costmodel_fitted.yaml"
-        fit_dirs = run_mixes(list(range(0, args.mixes, 2)), "cpu_gloo", args.steps, 1, runs, log, not args.rescore)
-        _, fit = refit_from_runs(fit_dirs, "cpu_gloo", fitted_profile)
+        fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
+        _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
         held_dirs = run_mixes(list(range(1, args.mixes, 2)), str(fitted_profile), args.steps, args.repeats, runs, log, not args.rescore)
         calibrated = profile_values(load_run(fit_dirs[0]).run.problem.cluster)
@@ -290,7 +296,7 @@ def main() -> int:
     }
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
     doc = {"summary": summary, "regret": regrets, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
-           "fit_half": fitted_on, "mixes": mixes, "hardware": str(hardware_path("cpu_gloo").relative_to(ROOT))}
+           "fit_half": fitted_on, "mixes": mixes, "hardware": _shown(hardware_path(args.hardware))}
     if args.rescore:  # a look at the cost model as it is now: the published figures stay those of a full run
         (args.runs / "rescored.json").write_text(json.dumps(doc, indent=1) + "\n")
         print(f"rescored: {args.runs / 'rescored.json'}; the regrets below are of the plans these runs trained, "

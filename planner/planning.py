@@ -77,10 +77,10 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     left out (tables with no other option keep theirs, no new type comes in) while the step,
     busiest rank plus that fixed cost, improves. The bound stays the first solve's: a valid
     bound on every plan's busiest rank."""
-    best = solution
+    best, closed = solution, solution.gap <= config.target_gap
     for _ in range(MAX_TYPE_RESOLVES):
         used = Counter(o.sharding_type for o in best.assignment.choice.values() if o.sharding_type is not ShardingType.DATA_PARALLEL)
-        if len(used) < 2 or best.gap > config.target_gap or sharding_types_ms(1, cluster) <= config.target_gap * best.max_rank_ms:
+        if len(used) < 2 or not closed or sharding_types_ms(1, cluster) <= config.target_gap * best.max_rank_ms:
             break
         drop = min(used, key=lambda t: (used[t], t.value))
         allowed = set(used) - {drop} | {ShardingType.DATA_PARALLEL}
@@ -92,8 +92,9 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
             break
         if _step_ms(candidate, cluster) >= _step_ms(best, cluster) * (1 - config.target_gap):
             break
+        closed = candidate.gap <= config.target_gap  # against the bound of its own, restricted, problem
         best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
-                       seconds=solution.seconds + candidate.seconds)
+                       seconds=best.seconds + candidate.seconds)
     return best
 
 
