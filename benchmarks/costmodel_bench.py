@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -106,17 +107,26 @@ def given_plan(problem: PlanningProblem, label: str) -> Plan | None:
     return uniform_plan(problem, ShardingType(label))
 
 
-def train(config: Path, steps: int, label: str, plan: Plan | None, out: Path) -> None:
+def train(config: Path, steps: int, label: str, plan: Plan | None, out: Path, log) -> None:
+    """One run into `out`, written under a temporary name until it finished (so a folder of
+    runs can be resumed); a run that fails is tried once more, its error logged."""
+    partial = out.with_name(out.name + ".partial")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "-m", "dlrm_scale.train",
-           "--config", str(config), "--steps", str(steps), "--out-dir", str(out)]
+           "--config", str(config), "--steps", str(steps), "--out-dir", str(partial)]
     if plan is not None:
         plan.save(out.with_suffix(".plan.json"))
         cmd += ["--plan", str(out.with_suffix(".plan.json"))]
     else:
         cmd += ["--planner", label]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise RuntimeError(f"{out.name}: {proc.stderr[-3000:]}")
+    for attempt in (1, 2):
+        shutil.rmtree(partial, ignore_errors=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode == 0:
+            partial.rename(out)
+            return
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line or "terminate" in line or "error" in line]
+        log(f"{out.name}: attempt {attempt} failed (exit {proc.returncode}): {' | '.join(errors[-3:])}")
+    raise RuntimeError(f"{out.name}: {proc.stderr[-3000:]}")
 
 
 def spearman(a, b) -> float:
@@ -132,7 +142,7 @@ def run_mixes(indices: list[int], hardware: str, steps: int, repeats: int, runs:
     plans = {}
     for index in indices:
         config = runs / f"mix{index}.yaml"
-        if train_runs:
+        if train_runs and not config.is_file():
             write_config(config, generate_mix(index), hardware)
         problem = load_problem(config)
         plans[index] = {label: given_plan(problem, label) for label in PLANS}
@@ -142,8 +152,8 @@ def run_mixes(indices: list[int], hardware: str, steps: int, repeats: int, runs:
             order = PLANS[rep % len(PLANS):] + PLANS[:rep % len(PLANS)]
             for label in order:
                 out = runs / f"mix{index}_{label}_r{rep}"
-                if train_runs:
-                    train(runs / f"mix{index}.yaml", steps, label, plans[index][label], out)
+                if train_runs and not out.is_dir():  # a finished run of an interrupted benchmark is kept
+                    train(runs / f"mix{index}.yaml", steps, label, plans[index][label], out, log)
                     log(f"mix{index} {label} r{rep}: {load_run(out, hardware).step_ms:.2f} ms")
                 folders.append(out)
     return folders
@@ -255,7 +265,8 @@ def main() -> int:
     ap.add_argument("--mixes", type=int, default=len(TABLE_COUNTS), help="the first N mixes (a quick look)")
     ap.add_argument("--hardware", default="cpu_gloo",
                     help="the profile the fit half is planned with and the refit starts from (e.g. a fresh `dlrm-scale calibrate`)")
-    ap.add_argument("--runs", type=Path, help="keep the training runs in this folder (default: a temporary one)")
+    ap.add_argument("--runs", type=Path, help="keep the training runs in this folder (default: a temporary one); "
+                    "the runs a folder already holds are kept, so an interrupted benchmark resumes")
     ap.add_argument("--rescore", action="store_true",
                     help="train nothing: refit and score the runs kept in --runs, with the cost model as it is now")
     args = ap.parse_args()
@@ -264,9 +275,6 @@ def main() -> int:
         return 2
     if args.rescore and (args.runs is None or not (args.runs / "mix0.yaml").is_file()):
         print("error: --rescore needs --runs DIR holding a finished run of this benchmark (its mix0.yaml, runs and plans)", file=sys.stderr)
-        return 2
-    if args.runs is not None and not args.rescore and args.runs.exists() and any(args.runs.iterdir()):
-        print(f"error: --runs {args.runs} is not empty; give a new folder, or add --rescore to score its runs again", file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
