@@ -190,3 +190,19 @@ def test_a_plan_mixes_sharding_types_only_where_their_extra_collectives_pay():
     assert one.lower_bound_ms == pytest.approx(mixed.lower_bound_ms)  # the bound on the busiest rank stays valid
     pinned, _, _ = planned(0.5, [{"match": "hot", "schemes": ["row_wise"]}])
     assert pinned.tables["hot"].sharding_type == "row_wise"
+
+
+def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
+    """Row-wise, column-wise and table-wise together at no collective cost; at a costly one,
+    two re-solves (row-wise left out, then column-wise) leave one type and a shorter step."""
+    from planner.cost_model import embedding_collectives, sharding_types_ms
+
+    tables = [table("hot", 4_000_000, 64, 100.0), table("wide", 200_000, 512, 30.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(6)]
+    steps = {}
+    for latency_ms in (0.0, 0.5):
+        problem = make_problem(tables, make_cluster(ranks_per_node=4, collective_latency_ms=latency_ms))
+        plan = make_plan(problem)
+        types = embedding_collectives(t.sharding_type for t in plan.tables.values())
+        steps[latency_ms] = (types, plan.max_rank_ms, plan.max_rank_ms + sharding_types_ms(types, problem.cluster))
+    assert steps[0.0][0] == 3 and steps[0.5][0] == 1
+    assert steps[0.5][2] < steps[0.0][1] + 3 * 3 * 0.5
