@@ -17,7 +17,7 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
    fastest plan's median, for ours and for TorchRec's.
 
     python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3] [--runs DIR]
-    python benchmarks/costmodel_bench.py --runs DIR --rescore   # score kept runs with the model as it is now
+    python benchmarks/costmodel_bench.py --runs DIR --rescore   # the kept runs scored again, trains nothing
 
 Writes benchmarks/results/costmodel.json, costmodel.png (scatter) and costmodel_regret.png.
 """
@@ -25,6 +25,7 @@ Writes benchmarks/results/costmodel.json, costmodel.png (scatter) and costmodel_
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -166,11 +167,19 @@ def describe(run, fitted_values: dict, calibrated_values: dict) -> dict:
     plan, rep = rest.rsplit("_r", 1)
     fair = refit.fair_phases
     a2a = [sum(fair[g][i] for g in COLLECTIVE_GROUPS if g != "all_reduce") for i in (0, 1)]
-    return {"mix": mix, "plan": plan, "repeat": int(rep), "tables": len(run.run.problem.tables),
+    return {"mix": mix, "plan": plan, "repeat": int(rep), "tables": len(run.run.problem.tables), "layout": layout_key(run.plan),
             "measured_step_ms": run.step_ms, "predicted_step_ms": refit.predicted_step_ms,
             "predicted_step_ms_calibrated": calibrated.predicted_step_ms,
             "phases_predicted_vs_measured": {g: [round(p, 4), round(m, 4)] for g, (p, m) in fair.items()},
             "all_to_all_predicted_vs_measured": [round(a2a[0], 4), round(a2a[1], 4)]}
+
+
+def layout_key(plan: Plan) -> str:
+    """What a plan runs (each table's scheme, kernel and shards), so two labels for the same plan
+    (ours and table-wise, say) are known as one."""
+    tables = {name: [t.sharding_type, t.compute_kernel, [[s.rank, s.row_offset, s.col_offset, s.rows, s.cols, s.tier] for s in t.shards]]
+              for name, t in sorted(plan.tables.items())}
+    return hashlib.sha1(json.dumps(tables).encode()).hexdigest()[:12]
 
 
 def accuracy(rows: list[dict], key: str) -> dict:
@@ -202,12 +211,20 @@ def phase_errors(rows: list[dict]) -> dict:
 
 
 def regret(rows: list[dict]) -> dict:
+    """Per mix, the median measured step of each plan over the fastest plan's. Labels that ran the
+    same plan (the planner's choice equal to all table-wise, say) are one plan: their runs are
+    pooled, since what tells them apart is only the machine's noise."""
     out = {}
     for mix in sorted({r["mix"] for r in rows}, key=lambda m: int(m[3:])):
-        steps = {p: [r["measured_step_ms"] for r in rows if r["mix"] == mix and r["plan"] == p] for p in PLANS}
-        medians = {p: statistics.median(v) for p, v in steps.items()}
+        runs = [r for r in rows if r["mix"] == mix]
+        layout = {r["plan"]: r["layout"] for r in runs}
+        pooled = {k: [r["measured_step_ms"] for r in runs if r["layout"] == k] for k in set(layout.values())}
+        medians = {p: statistics.median(pooled[layout[p]]) for p in PLANS}
         best = min(medians, key=medians.get)
-        out[mix] = {"tables": next(r["tables"] for r in rows if r["mix"] == mix), "fastest": best,
+        steps = {p: [r["measured_step_ms"] for r in runs if r["plan"] == p] for p in PLANS}
+        out[mix] = {"tables": runs[0]["tables"], "fastest": best,
+                    "same_plan": {p: sorted(q for q in PLANS if q != p and layout[q] == layout[p]) for p in PLANS if
+                                  any(q != p and layout[q] == layout[p] for q in PLANS)},
                     "median_step_ms": medians, "spread_ms": {p: [min(v), max(v)] for p, v in steps.items()},
                     "ours": medians["ours"] / medians[best], "torchrec": medians["torchrec"] / medians[best]}
     return out
@@ -268,7 +285,8 @@ def main() -> int:
     ap.add_argument("--runs", type=Path, help="keep the training runs in this folder (default: a temporary one); "
                     "the runs a folder already holds are kept, so an interrupted benchmark resumes")
     ap.add_argument("--rescore", action="store_true",
-                    help="train nothing: refit and score the runs kept in --runs, with the cost model as it is now")
+                    help="train nothing: refit and score the runs kept in --runs with the cost model as it is now "
+                         "(the regrets stay those of the plans the runs trained)")
     args = ap.parse_args()
     if args.steps < 30 or args.repeats < 1 or not 2 <= args.mixes <= len(TABLE_COUNTS):
         print(f"error: --steps must be >= 30 (3 windows), --repeats >= 1, --mixes in 2..{len(TABLE_COUNTS)}", file=sys.stderr)
@@ -280,7 +298,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
         runs.mkdir(parents=True, exist_ok=True)
-        fitted_profile = runs / "rescored_fitted.yaml" if args.rescore else RESULTS / "costmodel_fitted.yaml"
+        fitted_profile = RESULTS / "costmodel_fitted.yaml"
         fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
         _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
@@ -303,15 +321,12 @@ def main() -> int:
         "fitted_values": fit.values,
     }
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
-    doc = {"summary": summary, "regret": regrets, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
+    doc = {"summary": summary, "regret": regrets, "rescored": args.rescore, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
            "fit_half": fitted_on, "mixes": mixes, "hardware": _shown(hardware_path(args.hardware))}
-    if args.rescore:  # a look at the cost model as it is now: the published figures stay those of a full run
-        (args.runs / "rescored.json").write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"rescored: {args.runs / 'rescored.json'}; the regrets below are of the plans these runs trained, "
-              "not of what the planner would choose now")
-    else:
-        (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
-        plots(held_out, regrets, summary)
+    (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plots(held_out, regrets, summary)
+    if args.rescore:
+        print("rescored: predictions and fit from the model as it is now; the regrets are of the plans these runs trained")
     print(json.dumps(summary, indent=1))
     print("| mix | tables | fastest plan | ours regret | TorchRec regret |\n|---|---|---|---|---|")
     for m, r in regrets.items():
