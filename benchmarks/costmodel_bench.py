@@ -303,7 +303,7 @@ def main() -> int:
         _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
         held_dirs = run_mixes(list(range(1, args.mixes, 2)), str(fitted_profile), args.steps, args.repeats, runs, log, not args.rescore)
-        calibrated = profile_values(load_run(fit_dirs[0]).run.problem.cluster)
+        calibrated = profile_values(load_run(fit_dirs[0], args.hardware).run.problem.cluster)
         held = [load_run(d, str(fitted_profile)) for d in held_dirs]
         fit_runs_ = [load_run(d, str(fitted_profile)) for d in fit_dirs]
         held_out = [describe(r, fit.values, calibrated) for r in held]

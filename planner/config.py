@@ -51,6 +51,7 @@ PROFILE_KEYS = {
     "input_id_ns": "input_id_ns",
     "bucketize_id_ns": "bucketize_id_ns",
     "reduce_byte_ns": "reduce_byte_ns",
+    "replica_table_ms": "replica_table_ms",
     "dense_update_ns": "dense_update_ns",
     "dense_grad_ns": "dense_grad_ns",
     "dense_gflops": "dense_gflops",

@@ -148,6 +148,14 @@ def dense_update_ms(rows: int, cols: int, optimizer: str, tier_gb_per_s: float, 
     return transfer_ms(moved, tier_gb_per_s) + rows * cols * per_weight_ns * 1e-6
 
 
+def replica_update_ms(rows: int, cols: int, optimizer: str, cluster: ClusterSpec) -> float:
+    """A replicated table's update with the dense optimizer, in host memory or HBM: its weights
+    (dense_update_ms), and a fixed cost per table (the optimizer's and DDP's work per parameter
+    tensor, and the lookup module DDP wraps), large on a CPU."""
+    per_weight = dense_update_ms(rows, cols, optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+    return per_weight + cluster.replica_table_ms
+
+
 def dense_gradient_ms(rows: int, cols: int, per_weight_ns: float) -> float:
     """A replica's backward builds a dense gradient of its whole table (zeroed, the lookups'
     gradients added in): a fixed cost per weight, whatever the batch touched."""
@@ -178,20 +186,30 @@ def input_distribution_ms(num_ids: float, cluster: ClusterSpec, bucketized_ids: 
             + bucketized_ids * cluster.bucketize_id_ns * 1e-6 + shard_comm_ms(0.0, cluster))
 
 
-def embedding_collectives(sharding_types: Iterable[str]) -> int:
+def _type_names(sharding_types: Iterable) -> set[str]:
+    return {str(getattr(t, "value", t)) for t in sharding_types}
+
+
+def embedding_collectives(sharding_types: Iterable) -> int:
     """How many times each embedding collective (input distribution, pooled forward, pooled
     backward) runs per step: once per sharding type with a table in the plan. TorchRec batches
     a type's tables into one input and one output distribution, but keeps a separate pair per
     type (ShardedEmbeddingBagCollection's dists), so each further type pays the collectives'
-    fixed cost (collective_latency_ms) again on every rank. Data-parallel tables join DDP's
-    all-reduce instead."""
-    return len({str(getattr(t, "value", t)) for t in sharding_types} - {ShardingType.DATA_PARALLEL.value})
+    fixed cost (collective_latency_ms) again on every rank. Replicated tables have none."""
+    return len(_type_names(sharding_types) - {ShardingType.DATA_PARALLEL.value})
 
 
-def sharding_types_ms(num_types: int, cluster: ClusterSpec) -> float:
-    """Every rank's fixed cost of the embedding collectives of a plan using `num_types`
-    sharding types (see embedding_collectives): three collectives per type."""
-    return 3 * num_types * cluster.collective_latency_ms
+def replica_all_reduces(sharding_types: Iterable) -> int:
+    """All-reduces a step runs beyond the dense layers' one: TorchRec wraps the replicated
+    tables' lookups in a DDP of their own, so one more wherever a table is replicated."""
+    return int(ShardingType.DATA_PARALLEL.value in _type_names(sharding_types))
+
+
+def sharding_types_ms(sharding_types: Iterable, cluster: ClusterSpec) -> float:
+    """Every rank's fixed cost of the collectives a plan's sharding types run: the three
+    embedding collectives per sharded type, and the replicas' own all-reduce."""
+    types = _type_names(sharding_types)
+    return (3 * embedding_collectives(types) + replica_all_reduces(types)) * cluster.collective_latency_ms
 
 
 def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:
@@ -331,7 +349,7 @@ class AnalyticCostModel:
         bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.lookup_bwd_ns, cl.lookup_bwd_row_ns)
         if st is ShardingType.DATA_PARALLEL:
             bwd_compute += dense_gradient_ms(g.rows, g.cols, cl.dense_grad_ns)
-            bwd_compute += dense_update_ms(g.rows, g.cols, opt, bw, cl.dense_update_ns)
+            bwd_compute += replica_update_ms(g.rows, g.cols, opt, cl)
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 

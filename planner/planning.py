@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
 from planner.colocation import Colocated, colocate
-from planner.cost_model import AnalyticCostModel, CostModel, embedding_collectives, sharding_types_ms
+from planner.cost_model import AnalyticCostModel, CostModel, sharding_types_ms
 from planner.errors import InfeasiblePlanError
 from planner.plan import Plan, PlannedShard, RankPlan, TablePlan
 from planner.placement_rules import RankRules
@@ -18,7 +18,7 @@ from planner.plan_inputs import PlanInputs
 from planner.schemes import cache_rows
 from planner.solver import Solution, SolverConfig, solve
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec
-from planner.types import Perf, ShardingOption, ShardingType, Storage
+from planner.types import Perf, ShardingOption, Storage
 
 # The solver always gets at least this share of the time limit, however long costing took.
 MIN_SOLVER_SHARE = 0.2
@@ -66,24 +66,25 @@ def _solve(search: Colocated, options_by_table: Mapping[str, Sequence[ShardingOp
 
 def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
     """The busiest rank plus the fixed cost of the sharding types the plan uses."""
-    types = embedding_collectives(o.sharding_type for o in solution.assignment.choice.values())
-    return solution.max_rank_ms + sharding_types_ms(types, cluster)
+    return solution.max_rank_ms + sharding_types_ms((o.sharding_type for o in solution.assignment.choice.values()), cluster)
 
 
 def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution) -> Solution:
-    """Each sharding type a plan uses runs its own embedding collectives, a fixed cost on every
-    rank that no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
+    """Each sharding type a plan uses runs collectives of its own (three embedding collectives
+    per sharded type, an all-reduce for the replicated tables), a fixed cost on every rank that
+    no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
     Where a plan that closed its gap mixes types, re-solve with the type the fewest tables use
     left out (tables with no other option keep theirs, no new type comes in) while the step,
     busiest rank plus that fixed cost, improves. The bound stays the first solve's: a valid
     bound on every plan's busiest rank."""
     best, closed = solution, solution.gap <= config.target_gap
     for _ in range(MAX_TYPE_RESOLVES):
-        used = Counter(o.sharding_type for o in best.assignment.choice.values() if o.sharding_type is not ShardingType.DATA_PARALLEL)
-        if len(used) < 2 or not closed or sharding_types_ms(1, cluster) <= config.target_gap * best.max_rank_ms:
-            break
+        used = Counter(o.sharding_type for o in best.assignment.choice.values())
         drop = min(used, key=lambda t: (used[t], t.value))
-        allowed = set(used) - {drop} | {ShardingType.DATA_PARALLEL}
+        if len(used) < 2 or not closed or sharding_types_ms(used, cluster) - sharding_types_ms(set(used) - {drop}, cluster) \
+                <= config.target_gap * best.max_rank_ms:
+            break
+        allowed = set(used) - {drop}
         options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
         resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
         try:

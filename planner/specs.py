@@ -143,6 +143,7 @@ class ClusterSpec:
     reduce_byte_ns: float = 0.0  # summing each byte a reduce-scatter or all-reduce receives, on the host (CPU)
     dense_update_ns: float = 0.0  # fixed cost per weight of a replica's dense optimizer step (CPU)
     dense_grad_ns: float = 0.0  # fixed cost per weight of a replica's dense gradient in the backward (CPU)
+    replica_table_ms: float = 0.0  # fixed cost per replicated table per step (its optimizer and DDP work; CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
     dense_overhead_ms: float = 0.0  # fixed time per step of the dense layers' passes and optimizer (simulation)
@@ -172,7 +173,7 @@ class ClusterSpec:
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "input_id_ns",
-                     "bucketize_id_ns", "reduce_byte_ns",
+                     "bucketize_id_ns", "reduce_byte_ns", "replica_table_ms",
                      "dense_update_ns", "dense_grad_ns", "dense_gflops",
                      "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)

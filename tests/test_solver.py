@@ -178,8 +178,8 @@ def test_a_plan_mixes_sharding_types_only_where_their_extra_collectives_pay():
     def planned(latency_ms, rules=()):
         problem = constrain(make_problem(tables, make_cluster(ranks_per_node=2, collective_latency_ms=latency_ms)), {"tables": list(rules)})
         plan = make_plan(problem)
-        types = embedding_collectives(t.sharding_type for t in plan.tables.values())
-        return plan, types, plan.max_rank_ms + sharding_types_ms(types, problem.cluster)
+        types = [t.sharding_type for t in plan.tables.values()]
+        return plan, embedding_collectives(types), plan.max_rank_ms + sharding_types_ms(types, problem.cluster)
 
     mixed, mixed_types, _ = planned(0.0)
     assert mixed_types == 2 and mixed.tables["hot"].sharding_type == "row_wise" and mixed.gap <= 1e-3
@@ -202,7 +202,7 @@ def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
     for latency_ms in (0.0, 0.5):
         problem = make_problem(tables, make_cluster(ranks_per_node=4, collective_latency_ms=latency_ms))
         plan = make_plan(problem)
-        types = embedding_collectives(t.sharding_type for t in plan.tables.values())
-        steps[latency_ms] = (types, plan.max_rank_ms, plan.max_rank_ms + sharding_types_ms(types, problem.cluster))
+        types = [t.sharding_type for t in plan.tables.values()]
+        steps[latency_ms] = (embedding_collectives(types), plan.max_rank_ms, plan.max_rank_ms + sharding_types_ms(types, problem.cluster))
     assert steps[0.0][0] == 3 and steps[0.5][0] == 1
     assert steps[0.5][2] < steps[0.0][1] + 3 * 3 * 0.5

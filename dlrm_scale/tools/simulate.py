@@ -24,6 +24,8 @@ from planner.cost_model import (
     dense_update_ms,
     embedding_collectives,
     host_overhead_ms,
+    replica_all_reduces,
+    replica_update_ms,
 )
 from planner.plan import Plan
 from planner.scoring import costed_options
@@ -103,8 +105,7 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
             p["a2a_fwd"] += perf.fwd_comms_ms
             p["embedding"] += perf.compute_ms
             if replica:
-                update = dense_update_ms(g.rows, g.cols, training.embedding_optimizer,
-                                         cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+                update = replica_update_ms(g.rows, g.cols, training.embedding_optimizer, cluster)
                 p["embedding"] -= update
                 p["dense"] += update
                 p["all_reduce"] += perf.bwd_comms_ms
@@ -117,11 +118,12 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
-    # the embeddings' three collectives once per sharding type, DDP's all-reduce always once
-    runs = embedding_collectives(t.sharding_type for t in plan.tables.values())
+    # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
+    types = [t.sharding_type for t in plan.tables.values()]
+    runs = embedding_collectives(types)
     for p in phases:
         p["dense"] += compute
-        p["all_reduce"] += reduce + cluster.collective_latency_ms
+        p["all_reduce"] += reduce + (1 + replica_all_reduces(types)) * cluster.collective_latency_ms
         p["other"] += host
         for group in COLLECTIVE_GROUPS:
             if group != "all_reduce":
