@@ -6,7 +6,7 @@ from dlrm_scale.run_config import ModelConfig
 from dlrm_scale.tools.simulate import dense_cost
 from dlrm_scale.tools.simulate import simulate
 from dlrm_scale.tools.simulate import PHASE_GROUPS
-from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms, host_overhead_ms
+from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms, host_overhead_ms, row_comm_bytes
 from planner.plan import Plan, table_layout
 from planner.types import ShardingType
 from planner.planning import make_plan
@@ -45,18 +45,20 @@ def test_simulation_adds_dense_and_overhead_to_the_planned_embedding_time():
 
 
 def test_a_data_parallel_table_trains_on_the_dense_side_and_pays_no_all_to_all():
-    """A replica's update runs with the dense optimizer and its gradient joins DDP's all-reduce;
-    with every table replicated, no embedding all-to-all runs, so none pays latency."""
-    cluster = make_cluster(ranks_per_node=2, dense_update_ns=3.0, dense_grad_ns=1.0, collective_latency_ms=0.5)
+    """A replica's update (per weight, and a fixed cost per table) runs with the dense optimizer
+    and its gradient is all-reduced by a DDP of its own; with every table replicated, no
+    embedding all-to-all runs, so none pays latency."""
+    cluster = make_cluster(ranks_per_node=2, dense_update_ns=3.0, dense_grad_ns=1.0, collective_latency_ms=0.5, replica_table_ms=0.25)
     problem = make_problem([table("a", 10_000, 16)], cluster, batch=256)
     replicated = Plan(2, 2, {"a": table_layout(problem.tables[0], ShardingType.DATA_PARALLEL, [0, 1], "hbm")}, (), 0.0, 0.0)
     tw = Plan(2, 2, {"a": table_layout(problem.tables[0], ShardingType.TABLE_WISE, [0], "hbm")}, (), 0.0, 0.0)
     model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
     dp, sharded = simulate(replicated, problem, model), simulate(tw, problem, model)
-    update = dense_update_ms(10_000, 16, "rowwise_adagrad", cluster.tier_gb_per_s("hbm"), 3.0)
+    update = dense_update_ms(10_000, 16, "rowwise_adagrad", cluster.tier_gb_per_s("hbm"), 3.0) + 0.25
     assert dp.ranks[0].phases_ms["dense"] - sharded.ranks[0].phases_ms["dense"] == pytest.approx(update)
     assert dp.ranks[0].phases_ms["a2a_fwd"] == 0.0 and sharded.ranks[0].phases_ms["a2a_fwd"] >= 0.5
-    assert dp.ranks[0].phases_ms["all_reduce"] > sharded.ranks[0].phases_ms["all_reduce"]
+    gradient = all_reduce_ms(row_comm_bytes(10_000, 16, "fp32"), 2, cluster)
+    assert dp.ranks[0].phases_ms["all_reduce"] - sharded.ranks[0].phases_ms["all_reduce"] == pytest.approx(gradient + 0.5)
 
 
 def test_each_sharding_type_runs_its_own_embedding_collectives():
