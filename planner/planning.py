@@ -48,7 +48,7 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
             search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
             left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
             solution = _solve(search, search.options_by_table, problem.cluster, config, left)
-            solution = fewer_sharding_types(search, problem.cluster, config, solution)
+            solution = fewer_sharding_types(search, problem.cluster, config, solution, start + config.time_limit_s)
             break
         except InfeasiblePlanError:
             if i == len(attempts) - 1:
@@ -69,26 +69,27 @@ def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
     return solution.max_rank_ms + sharding_types_ms((o.sharding_type for o in solution.assignment.choice.values()), cluster)
 
 
-def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution) -> Solution:
+def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution,
+                         deadline_s: float) -> Solution:
     """Each sharding type a plan uses runs collectives of its own (three embedding collectives
     per sharded type, an all-reduce for the replicated tables), a fixed cost on every rank that
     no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
     Where a plan that closed its gap mixes types, re-solve with the type the fewest tables use
     left out (tables with no other option keep theirs, no new type comes in) while the step,
-    busiest rank plus that fixed cost, improves. The bound stays the first solve's: a valid
-    bound on every plan's busiest rank."""
+    busiest rank plus that fixed cost, improves, within the time limit left (`deadline_s`). The
+    bound stays the first solve's: a valid bound on every plan's busiest rank."""
     best, closed = solution, solution.gap <= config.target_gap
     for _ in range(MAX_TYPE_RESOLVES):
         used = Counter(o.sharding_type for o in best.assignment.choice.values())
         drop = min(used, key=lambda t: (used[t], t.value))
-        if len(used) < 2 or not closed or sharding_types_ms(used, cluster) - sharding_types_ms(set(used) - {drop}, cluster) \
-                <= config.target_gap * best.max_rank_ms:
+        saving_ms = sharding_types_ms(used, cluster) - sharding_types_ms(set(used) - {drop}, cluster)
+        if len(used) < 2 or not closed or saving_ms <= config.target_gap * best.max_rank_ms or time.monotonic() >= deadline_s:
             break
         allowed = set(used) - {drop}
         options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
         resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
         try:
-            candidate = _solve(search, options, cluster, resolve, resolve.time_limit_s)
+            candidate = _solve(search, options, cluster, resolve, min(resolve.time_limit_s, deadline_s - time.monotonic()))
         except InfeasiblePlanError:
             break
         if _step_ms(candidate, cluster) >= _step_ms(best, cluster) * (1 - config.target_gap):
