@@ -44,6 +44,7 @@ from dlrm_scale.tools.calibrate import refit_from_runs  # noqa: E402
 from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
 from planner.config import hardware_path  # noqa: E402
+from planner.errors import ConfigError  # noqa: E402
 from planner.plan import Plan, table_layout, uniform_plan  # noqa: E402
 from planner.specs import PlanningProblem  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
@@ -143,7 +144,7 @@ def run_mixes(indices: list[int], hardware: str, steps: int, repeats: int, runs:
     plans = {}
     for index in indices:
         config = runs / f"mix{index}.yaml"
-        if train_runs and not config.is_file():
+        if train_runs:
             write_config(config, generate_mix(index), hardware)
         problem = load_problem(config)
         plans[index] = {label: given_plan(problem, label) for label in PLANS}
@@ -335,4 +336,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ConfigError as e:  # a bad --hardware, or kept runs that do not read back: one line, before any training
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
