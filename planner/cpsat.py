@@ -268,7 +268,7 @@ def repair_placement(
         for j in range(len(items)):
             model.AddExactlyOne(x[j, r] for r in ranks)
         if rules:
-            _repair_rules(model, x, items, ranks, assignment, rules)
+            repair_rules(model, x, items, ranks, assignment, rules)
         cost = [_ticks(assignment.choice[t].shard_ms[i], unit_ms) for t, i in items]
         peak = model.NewIntVar(0, sum(cost) + _ticks(max(base_ms.values()), unit_ms), "peak")
         for r in ranks:
@@ -305,7 +305,7 @@ def repair_placement(
     return assignment
 
 
-def _repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
+def repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
                   assignment: Assignment, rules: RankRules) -> None:
     """The freed shards kept to their pins, and off ranks where another table of one of their
     keep-apart groups stays; among themselves, at most one table of a group per rank."""

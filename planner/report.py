@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from planner.phase_balance import rank_step_ms
 from planner.plan import Plan
 from planner.specs import GIB
 from planner.types import TIERS
@@ -26,6 +27,8 @@ def format_plan(plan: Plan, max_rank_rows: int = 16, max_table_rows: int = 32) -
         f"busiest rank {plan.max_rank_ms:.4f} ms/step, lower bound {plan.lower_bound_ms:.4f} ms, gap {100 * plan.gap:.2f}%"
         + (" (fewer sharding types: a busier rank, fewer embedding collectives a step)" if "fewer-types" in plan.solver else "")
     )
+    lines.append(f"embedding step {rank_step_ms([r.perf for r in plan.ranks]):.4f} ms (each phase waits for its busiest rank)"
+                 + (", phases balanced" if "+phases" in plan.solver else ""))
     header = f"{'rank':>5} {'total ms':>10} {'compute':>10} {'comms':>10} " + " ".join(f"{t + ' GiB':>9}" for t in TIERS)
     lines.append(header)
     ranks = sorted(plan.ranks, key=lambda r: -r.predicted_ms)[:max_rank_rows]

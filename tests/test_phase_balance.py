@@ -1,0 +1,77 @@
+import time
+
+import pytest
+
+from planner.assignment import Assignment, RankLoads
+from planner.phase_balance import balance_phases, barrier_step_ms
+from planner.placement_rules import RankRules
+from planner.planning import make_plan
+from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from tests.conftest import make_cluster, make_problem, table
+
+
+def table_wise(name: str, compute_ms: float = 0.0, comms_ms: float = 0.0) -> ShardingOption:
+    perf = Perf(fwd_compute_ms=compute_ms / 2, bwd_compute_ms=compute_ms / 2, fwd_comms_ms=comms_ms / 2, bwd_comms_ms=comms_ms / 2)
+    return ShardingOption(name, ShardingType.TABLE_WISE, "fused", "hbm", (ShardGeometry(0, 0, 100, 8),),
+                          (ShardCost(perf, Storage(hbm_bytes=3200)),))
+
+
+def placed(ranks: dict[str, int], options: dict[str, ShardingOption]) -> Assignment:
+    return Assignment({t: options[t] for t in ranks}, {t: [r] for t, r in ranks.items()})
+
+
+def balanced(assignment: Assignment, rules: RankRules = RankRules(), cap_ms: float = 0.0) -> Assignment:
+    return balance_phases(assignment, make_cluster(ranks_per_node=2), cap_ms, time.monotonic() + 10, rules=rules)
+
+
+def test_compute_and_comms_heavy_tables_are_paired_so_no_phase_waits():
+    """Two compute-heavy and two comms-heavy tables, each pair on one rank: both ranks carry
+    20 ms, but every phase waits for the rank that has all of it (20 + 10 ms). One of each on
+    each rank carries the same 20 ms and waits half as long."""
+    options = {"a": table_wise("a", compute_ms=10), "b": table_wise("b", compute_ms=10),
+               "c": table_wise("c", comms_ms=10), "d": table_wise("d", comms_ms=10)}
+    start = placed({"a": 0, "b": 0, "c": 1, "d": 1}, options)
+    assert barrier_step_ms(start, 2) == pytest.approx(40.0)
+    out = balanced(start)
+    assert barrier_step_ms(out, 2) == pytest.approx(20.0)
+    assert RankLoads.of(out, 2).ms.max() == pytest.approx(20.0)
+    assert out.shard_ranks["a"] != out.shard_ranks["b"] and out.shard_ranks["c"] != out.shard_ranks["d"]
+
+
+@pytest.mark.parametrize("cap_ms, step_ms", [(0.0, 34.0), (21.9, 34.0), (22.0, 22.0)])
+def test_no_rank_goes_above_the_cap_or_the_busiest_rank(cap_ms, step_ms):
+    """Pairing the 12 ms comms table with a compute table shortens the step (34 -> 22 ms) but
+    puts 22 ms on one rank, where the busiest carries 20: only a cap of 22 ms allows it."""
+    options = {"a": table_wise("a", compute_ms=10), "b": table_wise("b", compute_ms=10),
+               "c": table_wise("c", comms_ms=12), "d": table_wise("d", comms_ms=2)}
+    out = balanced(placed({"a": 0, "b": 0, "c": 1, "d": 1}, options), cap_ms=cap_ms)
+    assert RankLoads.of(out, 2).ms.max() <= max(cap_ms, 20.0) + 1e-9
+    assert barrier_step_ms(out, 2) == pytest.approx(step_ms)
+
+
+def test_keep_apart_groups_hold_while_phases_balance():
+    """With a and c kept apart, the balanced placement pairs a with d and b with c."""
+    options = {"a": table_wise("a", compute_ms=10), "b": table_wise("b", compute_ms=10),
+               "c": table_wise("c", comms_ms=10), "d": table_wise("d", comms_ms=10)}
+    out = balanced(placed({"a": 0, "b": 0, "c": 1, "d": 1}, options), RankRules(apart={"a": (0,), "c": (0,)}))
+    assert barrier_step_ms(out, 2) == pytest.approx(20.0)
+    assert out.shard_ranks["a"] != out.shard_ranks["c"]
+
+
+def test_the_planner_shortens_the_step_within_its_slack_above_the_bound():
+    """Ten tables of one width, pooling 1 to 100, on 2 ranks: the solver's plan alone waited
+    19% above its busiest rank (lookups piled on one rank, outputs on the other); balanced, the
+    step is within 7% of the bound, the busiest rank within PHASE_SLACK of it."""
+    from planner.cost_model import AnalyticCostModel
+    from planner.planning import PHASE_SLACK
+    from planner.scoring import costed_options
+
+    sizes = [(10306, 20.0), (2839, 100.0), (23881, 100.0), (1213, 20.0), (3911, 20.0), (37079, 100.0), (1060, 1.0),
+             (1046, 5.0), (45178, 20.0), (1302, 1.0)]
+    problem = make_problem([table(f"t{i}", rows, 64, pooling) for i, (rows, pooling) in enumerate(sizes)], make_cluster(ranks_per_node=2))
+    plan = make_plan(problem)
+    options = dict(costed_options(plan, problem, AnalyticCostModel(problem.cluster, problem.training)))
+    step_ms = barrier_step_ms(Assignment(options, {t: p.ranks for t, p in plan.tables.items()}), 2)
+    assert "+phases" in plan.solver
+    assert step_ms <= plan.lower_bound_ms * 1.07
+    assert plan.max_rank_ms <= plan.lower_bound_ms * (1 + PHASE_SLACK) * (1 + 1e-6)
