@@ -7,11 +7,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from planner.assignment import RankLoads
 from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
 from planner.colocation import Colocated, colocate
 from planner.cost_model import AnalyticCostModel, CostModel, sharding_types_ms
-from planner.assignment import RankLoads
 from planner.errors import InfeasiblePlanError
 from planner.phase_balance import balance_phases, barrier_step_ms
 from planner.plan import Plan, PlannedShard, RankPlan, TablePlan
