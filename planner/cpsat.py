@@ -247,13 +247,7 @@ def repair_placement(
         else:
             others = [int(r) for r in rng.choice([r for r in range(world) if r != top], size=k - 1, replace=False)]
         ranks = [top] + others
-        items = [
-            (table, i)
-            for table, o in assignment.choice.items()
-            if o.placement is Placement.ANY_RANK
-            for i, r in enumerate(assignment.shard_ranks[table])
-            if r in ranks
-        ]
+        items = free_shards(assignment, ranks)
         if not items:
             break
         base_ms = {r: loads.ms[r] for r in ranks}
@@ -264,23 +258,13 @@ def repair_placement(
             base_ms[r] -= option.shard_ms[i]
             base_bytes[r] -= option.shard_bytes[i]
         model = cp_model.CpModel()
-        x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
-        for j in range(len(items)):
-            model.AddExactlyOne(x[j, r] for r in ranks)
-        if rules:
-            repair_rules(model, x, items, ranks, assignment, rules)
+        x = placement_vars(model, items, ranks, assignment, rules)
         cost = [_ticks(assignment.choice[t].shard_ms[i], unit_ms) for t, i in items]
         peak = model.NewIntVar(0, sum(cost) + _ticks(max(base_ms.values()), unit_ms), "peak")
         for r in ranks:
             model.Add(_ticks(base_ms[r], unit_ms) + sum(cost[j] * x[j, r] for j in range(len(items))) <= peak)
-            for ti in range(len(TIERS)):
-                demand = [(_kib_up(assignment.choice[t].shard_bytes[i][ti]), j) for j, (t, i) in enumerate(items)]
-                if any(d for d, _ in demand):
-                    room = (int(caps[ti]) - int(base_bytes[r][ti])) // KIB
-                    model.Add(sum(d * x[j, r] for d, j in demand if d) <= room)
-        for j, (t, i) in enumerate(items):
-            for r in ranks:
-                model.AddHint(x[j, r], assignment.shard_ranks[t][i] == r)
+            fit_memory(model, x, items, r, assignment, caps, base_bytes[r])
+        hint_placement(model, x, items, ranks, assignment)
         model.Minimize(peak)
         solver = solver_parameters(min(0.5, max_deterministic_s - spent), wall_deadline_s - time.monotonic(), seed)
         status = solver.Solve(model)
@@ -305,7 +289,41 @@ def repair_placement(
     return assignment
 
 
-def repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
+def free_shards(assignment: Assignment, ranks: list[int]) -> list[tuple[str, int]]:
+    """The shards on `ranks` that may go to any rank, as (table, shard index)."""
+    return [(t, i) for t, o in assignment.choice.items() if o.placement is Placement.ANY_RANK
+            for i, r in enumerate(assignment.shard_ranks[t]) if r in ranks]
+
+
+def placement_vars(model: cp_model.CpModel, items: list[tuple[str, int]], ranks: list[int], assignment: Assignment,
+                   rules: RankRules) -> dict:
+    """x[j, r]: freed shard j on rank r, each on exactly one of `ranks`, the placement rules kept."""
+    x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
+    for j in range(len(items)):
+        model.AddExactlyOne(x[j, r] for r in ranks)
+    if rules:
+        _repair_rules(model, x, items, ranks, assignment, rules)
+    return x
+
+
+def fit_memory(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], rank: int, assignment: Assignment,
+               caps: np.ndarray, base_bytes: np.ndarray) -> None:
+    """The freed shards placed on `rank` fit each tier beside `base_bytes` (what stays there), in
+    KiB: each shard rounded up, the room down, so what the model accepts fits."""
+    for ti in range(len(TIERS)):
+        demand = [(_kib_up(assignment.choice[t].shard_bytes[i][ti]), j) for j, (t, i) in enumerate(items)]
+        if any(d for d, _ in demand):
+            model.Add(sum(d * x[j, rank] for d, j in demand if d) <= (int(caps[ti]) - int(base_bytes[ti])) // KIB)
+
+
+def hint_placement(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int], assignment: Assignment) -> None:
+    """Start CP-SAT from where the freed shards are."""
+    for j, (t, i) in enumerate(items):
+        for r in ranks:
+            model.AddHint(x[j, r], assignment.shard_ranks[t][i] == r)
+
+
+def _repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
                   assignment: Assignment, rules: RankRules) -> None:
     """The freed shards kept to their pins, and off ranks where another table of one of their
     keep-apart groups stays; among themselves, at most one table of a group per rank."""

@@ -19,10 +19,10 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.assignment import Assignment, RankLoads, rank_capacities
-from planner.cpsat import KIB, repair_rules, solver_parameters
+from planner.cpsat import fit_memory, free_shards, hint_placement, placement_vars, solver_parameters
 from planner.placement_rules import RankRules
 from planner.specs import ClusterSpec
-from planner.types import TIERS, Perf, Placement, ShardingOption
+from planner.types import Perf, ShardingOption
 
 # The phases a step waits in, as the trainer times them: ids routed, lookups (forward and
 # backward), pooled embeddings out, their gradients back. A replica's gradient all-reduce is a
@@ -122,8 +122,7 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
              unit_ms: float, deadline_s: float, seed: int, rules: RankRules) -> list[tuple[str, int, int]] | None:
     """The free shards on `ranks` placed among them to minimise the sum over phases of each
     phase's busiest rank (the ranks left out counting as they are); None if CP-SAT found none."""
-    items = [(t, i) for t, o in assignment.choice.items() if o.placement is Placement.ANY_RANK
-             for i, r in enumerate(assignment.shard_ranks[t]) if r in ranks]
+    items = free_shards(assignment, ranks)
     if not items:
         return None
     vectors = [shard_phase_ms(assignment.choice[t])[i] for t, i in items]
@@ -136,11 +135,7 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
         base_bytes[r] -= assignment.choice[t].shard_bytes[i]
     ticks = lambda ms: int(round(ms / unit_ms))  # noqa: E731
     model = cp_model.CpModel()
-    x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
-    for j in range(len(items)):
-        model.AddExactlyOne(x[j, r] for r in ranks)
-    if rules:
-        repair_rules(model, x, items, ranks, assignment, rules)
+    x = placement_vars(model, items, ranks, assignment, rules)
     phase = [[ticks(v[g]) for v in vectors] for g in range(len(PHASES))]
     total = [sum(p[j] for p in phase) for j in range(len(items))]
     # in the model's own rounding the placement as it is stays feasible
@@ -154,13 +149,8 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
         model.Add(sum(ticks(base[r][g]) for g in range(len(PHASES))) + sum(total[j] * x[j, r] for j in range(len(items))) <= cap)
         for g in range(len(PHASES)):
             model.Add(ticks(base[r][g]) + sum(phase[g][j] * x[j, r] for j in range(len(items)) if phase[g][j]) <= top[g])
-        for ti in range(len(TIERS)):
-            demand = [(-(-int(assignment.choice[t].shard_bytes[i][ti]) // KIB), j) for j, (t, i) in enumerate(items)]
-            if any(d for d, _ in demand):
-                model.Add(sum(d * x[j, r] for d, j in demand if d) <= (int(caps[ti]) - int(base_bytes[r][ti])) // KIB)
-    for j, (t, i) in enumerate(items):
-        for r in ranks:
-            model.AddHint(x[j, r], assignment.shard_ranks[t][i] == r)
+        fit_memory(model, x, items, r, assignment, caps, base_bytes[r])
+    hint_placement(model, x, items, ranks, assignment)
     model.Minimize(sum(top))
     solver = solver_parameters(ROUND_DETERMINISTIC_S, deadline_s - time.monotonic(), seed)
     if solver.Solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
