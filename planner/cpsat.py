@@ -1,5 +1,6 @@
-"""OR-Tools CP-SAT models: the joint option-and-placement model for small instances, and a
-placement repair over a few ranks at a time (large-neighbourhood search) for large ones.
+"""OR-Tools CP-SAT models: the joint option-and-placement model for small instances, and the
+class model (options by class, placement after) for large ones; the repair of a few ranks at a
+time is planner.repair.
 
 Times are scaled to integers in units of `unit_ms`, rounded down, and bytes to KiB (demands
 rounded up, capacities down, so an integer-feasible answer is feasible in bytes too). Pinned
@@ -29,12 +30,12 @@ def packing_cut_value(ticks: int, cap_ticks: int, k: int) -> int:
     return max(0, -(-(k + 1) * ticks // cap_ticks) - 1)
 
 
-def _ticks(ms: float, unit_ms: float) -> int:
+def to_ticks(ms: float, unit_ms: float) -> int:
     """Rounded down: the model never overstates a cost, so its proven bound stays a bound."""
     return int(ms // unit_ms)
 
 
-def _kib_up(num_bytes: int) -> int:
+def kib_up(num_bytes: int) -> int:
     return -(-int(num_bytes) // KIB)
 
 
@@ -97,11 +98,11 @@ def solve_joint(
     def charge(rank: int, shard, lit, table: str) -> None:
         if table in rules.apart:
             present.setdefault((table, rank), []).append(lit)
-        load[rank].append((_ticks(shard.perf.total_ms, unit_ms), lit))
+        load[rank].append((to_ticks(shard.perf.total_ms, unit_ms), lit))
         for t in tiers:
             b = shard.storage.of_tier(t)
             if b:
-                mem[t][rank].append((_kib_up(b), lit))
+                mem[t][rank].append((kib_up(b), lit))
 
     for table, options in options_by_table.items():
         chooses = []
@@ -136,9 +137,9 @@ def solve_joint(
         model.AddExactlyOne(chooses)
     keep_apart(model, present, rules, range(world))
 
-    horizon = sum(max(_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
+    horizon = sum(max(to_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
     # A bound proven elsewhere lets the search stop once it is within `relative_gap` of it.
-    peak = model.NewIntVar(min(_ticks(known_bound_ms, unit_ms), horizon), max(1, horizon), "peak")
+    peak = model.NewIntVar(min(to_ticks(known_bound_ms, unit_ms), horizon), max(1, horizon), "peak")
     for r in range(world):
         model.Add(sum(c * v for c, v in load[r]) <= peak)
         for t in tiers:
@@ -211,136 +212,6 @@ def keep_apart(model: cp_model.CpModel, present: dict[tuple[str, int], list], ru
                 model.AddAtMostOne(ys)
 
 
-def repair_placement(
-    assignment: Assignment,
-    cluster: ClusterSpec,
-    unit_ms: float,
-    target_ms: float,
-    max_deterministic_s: float,
-    wall_deadline_s: float,
-    seed: int,
-    neighbourhood: int = 8,
-    rules: RankRules = RankRules(),
-) -> Assignment:
-    """Large-neighbourhood search: repeatedly free the any-rank shards on the busiest rank and
-    a few others (the least loaded, or random ones), and re-place them optimally with CP-SAT.
-
-    Options stay as chosen; spread and node-bound shards stay put. Stops at `target_ms`, when
-    the deterministic budget is spent, or after a run of rounds that found nothing better.
-    """
-    import time
-
-    world = cluster.world_size
-    if world < 2:
-        return assignment
-    rng = np.random.default_rng(seed)
-    caps = rank_capacities(cluster)
-    loads = RankLoads.of(assignment, world)
-    spent, stale = 0.0, 0
-    k = min(neighbourhood, world)
-    while spent < max_deterministic_s and time.monotonic() < wall_deadline_s and stale < 12:
-        top = int(np.argmax(loads.ms))
-        if loads.ms[top] <= target_ms:
-            break
-        if stale % 2 == 0:
-            others = [int(r) for r in np.argsort(loads.ms, kind="stable") if r != top][: k - 1]
-        else:
-            others = [int(r) for r in rng.choice([r for r in range(world) if r != top], size=k - 1, replace=False)]
-        ranks = [top] + others
-        items = free_shards(assignment, ranks)
-        if not items:
-            break
-        base_ms = {r: loads.ms[r] for r in ranks}
-        base_bytes = {r: loads.bytes[r].copy() for r in ranks}
-        for table, i in items:
-            option = assignment.choice[table]
-            r = assignment.shard_ranks[table][i]
-            base_ms[r] -= option.shard_ms[i]
-            base_bytes[r] -= option.shard_bytes[i]
-        model = cp_model.CpModel()
-        x = placement_vars(model, items, ranks, assignment, rules)
-        cost = [_ticks(assignment.choice[t].shard_ms[i], unit_ms) for t, i in items]
-        peak = model.NewIntVar(0, sum(cost) + _ticks(max(base_ms.values()), unit_ms), "peak")
-        for r in ranks:
-            model.Add(_ticks(base_ms[r], unit_ms) + sum(cost[j] * x[j, r] for j in range(len(items))) <= peak)
-            fit_memory(model, x, items, r, assignment, caps, base_bytes[r])
-        hint_placement(model, x, items, ranks, assignment)
-        model.Minimize(peak)
-        solver = solver_parameters(min(0.5, max_deterministic_s - spent), wall_deadline_s - time.monotonic(), seed)
-        status = solver.Solve(model)
-        spent += solver.deterministic_time
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            new_ms, new_bytes = dict(base_ms), {r: b.copy() for r, b in base_bytes.items()}
-            moves = []
-            for j, (t, i) in enumerate(items):
-                r = next(r for r in ranks if solver.BooleanValue(x[j, r]))
-                new_ms[r] += assignment.choice[t].shard_ms[i]
-                new_bytes[r] += assignment.choice[t].shard_bytes[i]
-                moves.append((t, i, r))
-            before = max(loads.ms[r] for r in ranks)
-            if max(new_ms.values()) < before - 1e-9 and all(np.all(new_bytes[r] <= caps) for r in ranks):
-                for t, i, r in moves:
-                    assignment.shard_ranks[t][i] = r
-                for r in ranks:
-                    loads.ms[r], loads.bytes[r] = new_ms[r], new_bytes[r]
-                stale = 0
-                continue
-        stale += 1
-    return assignment
-
-
-def free_shards(assignment: Assignment, ranks: list[int]) -> list[tuple[str, int]]:
-    """The shards on `ranks` that may go to any rank, as (table, shard index)."""
-    return [(t, i) for t, o in assignment.choice.items() if o.placement is Placement.ANY_RANK
-            for i, r in enumerate(assignment.shard_ranks[t]) if r in ranks]
-
-
-def placement_vars(model: cp_model.CpModel, items: list[tuple[str, int]], ranks: list[int], assignment: Assignment,
-                   rules: RankRules) -> dict:
-    """x[j, r]: freed shard j on rank r, each on exactly one of `ranks`, the placement rules kept."""
-    x = {(j, r): model.NewBoolVar(f"x{j}_{r}") for j in range(len(items)) for r in ranks}
-    for j in range(len(items)):
-        model.AddExactlyOne(x[j, r] for r in ranks)
-    if rules:
-        _repair_rules(model, x, items, ranks, assignment, rules)
-    return x
-
-
-def fit_memory(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], rank: int, assignment: Assignment,
-               caps: np.ndarray, base_bytes: np.ndarray) -> None:
-    """The freed shards placed on `rank` fit each tier beside `base_bytes` (what stays there), in
-    KiB: each shard rounded up, the room down, so what the model accepts fits."""
-    for ti in range(len(TIERS)):
-        demand = [(_kib_up(assignment.choice[t].shard_bytes[i][ti]), j) for j, (t, i) in enumerate(items)]
-        if any(d for d, _ in demand):
-            model.Add(sum(d * x[j, rank] for d, j in demand if d) <= (int(caps[ti]) - int(base_bytes[ti])) // KIB)
-
-
-def hint_placement(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int], assignment: Assignment) -> None:
-    """Start CP-SAT from where the freed shards are."""
-    for j, (t, i) in enumerate(items):
-        for r in ranks:
-            model.AddHint(x[j, r], assignment.shard_ranks[t][i] == r)
-
-
-def _repair_rules(model: cp_model.CpModel, x: dict, items: list[tuple[str, int]], ranks: list[int],
-                  assignment: Assignment, rules: RankRules) -> None:
-    """The freed shards kept to their pins, and off ranks where another table of one of their
-    keep-apart groups stays; among themselves, at most one table of a group per rank."""
-    freed, members = set(items), rules.members()
-    staying = {(t, r) for t, rs in assignment.shard_ranks.items() for i, r in enumerate(rs) if r in ranks and (t, i) not in freed}
-    present: dict[tuple[str, int], list] = {}
-    for j, (t, _) in enumerate(items):
-        for r in ranks:
-            blocked = not rules.may_use(t, r) or any(
-                (other, r) in staying for g in rules.apart.get(t, ()) for other in members[g] if other != t)
-            if blocked:
-                model.Add(x[j, r] == 0)
-            elif t in rules.apart and (t, r) not in staying:
-                present.setdefault((t, r), []).append(x[j, r])
-    keep_apart(model, present, rules, ranks)
-
-
 @dataclass(frozen=True)
 class ClassModelResult:
     assignment: Assignment | None  # None when none was found, or its counts could not be matched to memory
@@ -352,7 +223,7 @@ class ClassModelResult:
 def class_model_size(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, unit_ms: float) -> int:
     """Integer variables of the class model: one count per (shard-cost class, rank)."""
     classes = {
-        _ticks(ms, unit_ms)
+        to_ticks(ms, unit_ms)
         for opts in options_by_table.values()
         for o in opts
         if o.placement is Placement.ANY_RANK
@@ -399,9 +270,9 @@ class ClassModel:
         def hold(rank: int | None, shard_bytes: np.ndarray, lit) -> None:
             for ti, b in enumerate(shard_bytes.tolist()):
                 if b:
-                    total_kib[ti].append((_kib_up(b), lit))
+                    total_kib[ti].append((kib_up(b), lit))
                     if rank is not None:
-                        fixed_kib[rank][ti].append((_kib_up(b), lit))
+                        fixed_kib[rank][ti].append((kib_up(b), lit))
 
         class_members: dict[int, list] = {}  # class -> [(choose literal, table, option, shard index)]
         present: dict[tuple[str, int], list] = {}
@@ -419,7 +290,7 @@ class ClassModel:
                 chooses.append(choose)
                 model.AddHint(choose, hint.choice.get(table) is o)
                 def place(rank: int, i: int, lit) -> None:
-                    load[rank].append((_ticks(float(o.shard_ms[i]), unit_ms), lit))
+                    load[rank].append((to_ticks(float(o.shard_ms[i]), unit_ms), lit))
                     hold(rank, o.shard_bytes[i], lit)
                     if table in rules.apart:
                         present.setdefault((table, rank), []).append(lit)
@@ -448,7 +319,7 @@ class ClassModel:
                     decode.append((table, o, choose, per_shard))
                 else:
                     for i, ms in enumerate(o.shard_ms.tolist()):
-                        class_members.setdefault(_ticks(ms, unit_ms), []).append((choose, table, o, i))
+                        class_members.setdefault(to_ticks(ms, unit_ms), []).append((choose, table, o, i))
                         hold(None, o.shard_bytes[i], choose)
                     decode.append((table, o, choose, None))
             model.AddExactlyOne(chooses)
@@ -467,8 +338,8 @@ class ClassModel:
                 load[r].append((c, n[r]))
                 model.AddHint(n[r], hinted_counts[c][r])
             counts[c] = n
-        horizon = sum(max(_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
-        floor = min(_ticks(known_bound_ms, unit_ms), horizon)
+        horizon = sum(max(to_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
+        floor = min(to_ticks(known_bound_ms, unit_ms), horizon)
         peak = model.NewIntVar(floor, horizon, "peak")
         if hint.choice:  # without the peak the hint is incomplete, and CP-SAT completes it at the horizon
             model.AddHint(peak, max(floor, _hinted_peak_ticks(hint, world, unit_ms)))
@@ -497,7 +368,7 @@ class ClassModel:
         them, 1.7 and 4.7 without.
         """
         world, unit_ms = self.cluster.world_size, self.unit_ms
-        shard_ticks = [(model.get_bool_var_from_proto_index(choose.Index()), [_ticks(ms, unit_ms) for ms in o.shard_ms.tolist()])
+        shard_ticks = [(model.get_bool_var_from_proto_index(choose.Index()), [to_ticks(ms, unit_ms) for ms in o.shard_ms.tolist()])
                        for _, o, choose, _ in self.decode]
         for k in range(1, PACKING_CUT_LEVELS + 1):
             terms = [(sum(packing_cut_value(t, cap_ticks, k) for t in ticks), choose) for choose, ticks in shard_ticks]
@@ -512,7 +383,7 @@ class ClassModel:
         default had not in 60 s) but slows the search for plans."""
         world, local, unit_ms = self.cluster.world_size, self.cluster.ranks_per_node, self.unit_ms
         # a cap on a tick must not lose that tick to the float division's rounding
-        cap = self.horizon if peak_at_most_ms is None else min(self.horizon, _ticks(peak_at_most_ms * (1 + 1e-12), unit_ms))
+        cap = self.horizon if peak_at_most_ms is None else min(self.horizon, to_ticks(peak_at_most_ms * (1 + 1e-12), unit_ms))
         domain = self.model.Proto().variables[self.peak.Index()].domain
         domain[0], domain[1] = min(self.floor_ticks, cap), cap
         solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
@@ -571,7 +442,7 @@ def _hinted_peak_ticks(hint: Assignment, world: int, unit_ms: float) -> int:
     ticks = [0] * world
     for table, o in hint.choice.items():
         for i, r in enumerate(hint.shard_ranks[table]):
-            ticks[r] += _ticks(float(o.shard_ms[i]), unit_ms)
+            ticks[r] += to_ticks(float(o.shard_ms[i]), unit_ms)
     return max(ticks)
 
 

@@ -19,8 +19,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.assignment import Assignment, RankLoads, rank_capacities
-from planner.cpsat import fit_memory, free_shards, hint_placement, placement_vars, solver_parameters
+from planner.cpsat import solver_parameters
 from planner.placement_rules import RankRules
+from planner.repair import free_shards, hint_placement, limit_memory, placement_vars
 from planner.specs import ClusterSpec
 from planner.types import Perf, ShardingOption
 
@@ -149,7 +150,7 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
         model.Add(sum(ticks(base[r][g]) for g in range(len(PHASES))) + sum(total[j] * x[j, r] for j in range(len(items))) <= cap)
         for g in range(len(PHASES)):
             model.Add(ticks(base[r][g]) + sum(phase[g][j] * x[j, r] for j in range(len(items)) if phase[g][j]) <= top[g])
-        fit_memory(model, x, items, r, assignment, caps, base_bytes[r])
+        limit_memory(model, x, items, r, assignment, caps, base_bytes[r])
     hint_placement(model, x, items, ranks, assignment)
     model.Minimize(sum(top))
     solver = solver_parameters(ROUND_DETERMINISTIC_S, deadline_s - time.monotonic(), seed)

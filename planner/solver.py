@@ -15,10 +15,11 @@ from typing import Mapping, Sequence
 
 from planner.assignment import Assignment, RankLoads
 from planner.bounds import shard_limited_bound_ms
-from planner.cpsat import ClassModel, class_model_size, joint_model_size, repair_placement, solve_joint
+from planner.cpsat import ClassModel, class_model_size, joint_model_size, solve_joint
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.greedy import choose_options, fit_memory, local_search, pack, rechoose_options, refine_by_splitting, split_stuck_table
 from planner.placement_rules import RankRules
+from planner.repair import repair_placement
 from planner.specs import ClusterSpec
 from planner.types import TIERS, ShardingOption
 

@@ -141,7 +141,7 @@ def test_explain_keeps_a_pinned_table_to_its_ranks():
 
 def test_repair_moves_shards_only_where_their_rules_admit():
     from planner.assignment import Assignment, RankLoads
-    from planner.cpsat import repair_placement
+    from planner.repair import repair_placement
 
     tables = [table(f"p_{i}", 20_000 + 7_919 * i, 32, 1.0 + i % 5) for i in range(8)] + \
              [table(f"hot_{i}", 300_000, 64, 10.0 + i) for i in range(3)] + [table(f"q_{i}", 30_000, 64, 2.0) for i in range(8)]
