@@ -49,9 +49,15 @@ def shard_phase_ms(option: ShardingOption) -> np.ndarray:
     return np.array([perf_phase_ms(s.perf) for s in option.shards])
 
 
+def step_ms(loads: np.ndarray) -> float:
+    """The embeddings' part of a step from each rank's time per phase (rows: ranks, columns:
+    PHASES): each phase's busiest rank, summed."""
+    return float(loads.max(axis=0).sum())
+
+
 def rank_step_ms(rank_perfs: Sequence[Perf]) -> float:
-    """The embeddings' part of a step, from each rank's time: each phase's busiest rank, summed."""
-    return float(np.array([perf_phase_ms(p) for p in rank_perfs]).max(axis=0).sum())
+    """step_ms from each rank's time."""
+    return step_ms(np.array([perf_phase_ms(p) for p in rank_perfs]))
 
 
 def phase_loads(assignment: Assignment, world_size: int) -> np.ndarray:
@@ -63,8 +69,8 @@ def phase_loads(assignment: Assignment, world_size: int) -> np.ndarray:
 
 
 def barrier_step_ms(assignment: Assignment, world_size: int) -> float:
-    """The embeddings' part of a step: each phase's busiest rank, summed over phases."""
-    return float(phase_loads(assignment, world_size).max(axis=0).sum())
+    """step_ms of a placement."""
+    return step_ms(phase_loads(assignment, world_size))
 
 
 def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, deadline_s: float, seed: int = 0,
@@ -83,7 +89,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     stale = 0
     while stale < STALE_ROUNDS and time.monotonic() < deadline_s:
         loads = phase_loads(assignment, world)
-        if loads.max(axis=0).sum() <= loads.sum(axis=1).max() * (1 + MIN_GAIN):
+        if step_ms(loads) <= loads.sum(axis=1).max() * (1 + MIN_GAIN):
             break  # the step is the busiest rank's: no phase waits for another rank
         ranks = _neighbourhood(loads, rng)
         placed = _replace(assignment, ranks, loads, cluster, peak_ms, unit_ms, deadline_s, seed, rules)
@@ -92,7 +98,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
             for table, i, rank in placed:
                 trial.shard_ranks[table][i] = rank
             trial_loads = phase_loads(trial, world)
-            if (trial_loads.max(axis=0).sum() < loads.max(axis=0).sum() * (1 - MIN_GAIN)
+            if (step_ms(trial_loads) < step_ms(loads) * (1 - MIN_GAIN)
                     and trial_loads.sum(axis=1).max() <= peak_ms * (1 + 1e-6)):
                 assignment.shard_ranks.update(trial.shard_ranks)
                 stale = 0
