@@ -274,6 +274,19 @@ def rows_bytes(rows: int, cols: int, optimizer: str) -> int:
     return rows * cols * WEIGHT_BYTES + optimizer_state_bytes(rows, cols, optimizer)
 
 
+CPU_SSD_LOG_RECORDS_PER_ROW = 1  # dlrm_scale.tiering.store's log holds as many records as its shard has rows
+
+
+def slow_tier_bytes(rows: int, cols: int, optimizer: str, tier: str, device: str) -> int:
+    """Bytes a cached shard's rows take in their slower tier. On CPU the SSD store is a base
+    file of every row plus an append-only log of written-back rows that grows to
+    CPU_SSD_LOG_RECORDS_PER_ROW records a row before it is folded back (dlrm_scale.tiering.store),
+    so its files take twice the rows' bytes once the log has filled. Elsewhere (DDR, FBGEMM's
+    stores on a GPU) the rows' bytes."""
+    log_records = CPU_SSD_LOG_RECORDS_PER_ROW if tier == "ssd" and device == "cpu" else 0
+    return rows_bytes(rows, cols, optimizer) * (1 + log_records)
+
+
 def cache_index_bytes(rows: int, slots: int, policy: str, tier: str, device: str) -> int:
     """Device-tier bytes a cached shard's bookkeeping takes beside its cached rows, for a shard
     of `rows` with a cache of `slots`.
@@ -378,4 +391,5 @@ class AnalyticCostModel:
             return Storage(**{f"{req.tier}_bytes": shard_storage_bytes(g.rows, g.cols, opt, samples)})
         slots = cache_rows(g.rows, req.cache_fraction)
         fast = shard_storage_bytes(slots, g.cols, opt, samples) + cache_index_bytes(g.rows, slots, req.policy, req.tier, self.cluster.device)
-        return Storage(**{f"{self.cluster.device_tier}_bytes": fast}) + Storage(**{f"{req.tier}_bytes": rows_bytes(g.rows, g.cols, opt)})
+        slow = slow_tier_bytes(g.rows, g.cols, opt, req.tier, self.cluster.device)
+        return Storage(**{f"{self.cluster.device_tier}_bytes": fast}) + Storage(**{f"{req.tier}_bytes": slow})

@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from planner.config import build_cluster, cluster_fields, hardware_path, read_yaml
-from planner.cost_model import cache_index_bytes, rows_bytes, shard_storage_bytes
+from planner.cost_model import cache_index_bytes, shard_storage_bytes, slow_tier_bytes
 from planner.schemes import cache_rows
 from planner.constraints import constrain
 from planner.errors import ConfigError, PlannerError
@@ -122,7 +122,7 @@ def plan_bytes_per_rank(plan: Plan, problem: PlanningProblem) -> np.ndarray:
             out[s.rank, device] += shard_storage_bytes(resident, s.cols, optimizer, samples)
             if table.cached:
                 out[s.rank, device] += cache_index_bytes(s.rows, resident, problem.tiering.policy, s.tier, cluster.device)
-                out[s.rank, TIERS.index(s.tier)] += rows_bytes(s.rows, s.cols, optimizer)
+                out[s.rank, TIERS.index(s.tier)] += slow_tier_bytes(s.rows, s.cols, optimizer, s.tier, cluster.device)
     return out
 
 

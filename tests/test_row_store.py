@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
+from planner.cost_model import rows_bytes, slow_tier_bytes
 from planner.errors import ConfigError
 
 
@@ -54,3 +57,14 @@ def test_the_ssd_store_lives_in_files_that_persist(tmp_path):
     store.close()  # flushes the log into the base file
     again = FileRowStore(100, 4, 1, tmp_path / "t.f32")
     assert torch.equal(again.read(torch.tensor([5])), torch.full((1, 5), 2.0))
+
+
+def test_the_planner_counts_what_the_ssd_store_takes_on_disk(tmp_path):
+    rows, cols = 4096, 8
+    store = FileRowStore(rows, cols, 1, tmp_path / "t.f32")  # weights and a row-wise Adagrad state
+    store.initialise(lambda start, stop: torch.ones(stop - start, cols))
+    store.write(torch.arange(rows), torch.full((rows, cols + 1), 2.0))  # a write-back of every row: the log is full
+    store.flush()
+    os.sync()
+    on_disk = sum(f.stat().st_blocks * 512 for f in tmp_path.iterdir())
+    assert rows_bytes(rows, cols, "rowwise_adagrad") < on_disk <= slow_tier_bytes(rows, cols, "rowwise_adagrad", "ssd", "cpu")

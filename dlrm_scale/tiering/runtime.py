@@ -33,7 +33,7 @@ from dlrm_scale.bridge.resident import embedding_kernels
 from dlrm_scale.kernels.cpu_extension import built, load
 from dlrm_scale.tiering.cache import MAX_ROWS, CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore, open_direct
-from planner.cost_model import rows_bytes
+from planner.cost_model import slow_tier_bytes
 from planner.errors import ConfigError
 from planner.plan import Plan, PlannedShard
 
@@ -50,16 +50,17 @@ def store_file(directory: Path, table: str, shard: PlannedShard) -> Path:
 
 def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, optimizer: str, io: str = "pread") -> None:
     """Before training: the SSD directory exists, is writable (and reads with O_DIRECT, for
-    `io` "direct") and has room for the shards of `ranks` kept there. One line naming the
+    `io` "direct") and has room for the files of the shards of `ranks` kept there (their logs
+    full), so that a disk filling up never stops a run midway. One line naming the
     directory and the fix otherwise."""
     needed = sum(
-        rows_bytes(s.rows, s.cols, optimizer)
+        slow_tier_bytes(s.rows, s.cols, optimizer, "ssd", "cpu")
         for t in plan.tables.values() if t.cached for s in t.shards if s.tier == "ssd" and s.rank in ranks
     )
     if needed == 0:
         return
     if directory is None:
-        raise ConfigError(f"the plan keeps {needed:,} bytes of rows on SSD but no store directory is set; pass --store-dir DIR")
+        raise ConfigError(f"the plan keeps rows on SSD ({needed:,} bytes of store files) but no store directory is set; pass --store-dir DIR")
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"store directory {directory} is a file, not a directory; pass a directory as --store-dir")
     if not directory.is_dir():
@@ -77,7 +78,7 @@ def check_store_directory(plan: Plan, ranks: list[int], directory: Path | None, 
     free = shutil.disk_usage(directory).free
     if free < needed * FREE_DISK_MARGIN:
         raise ConfigError(
-            f"store directory {directory} has {free:,} bytes free but the plan's SSD rows need {int(needed * FREE_DISK_MARGIN):,}; "
+            f"store directory {directory} has {free:,} bytes free but the plan's SSD store files need {int(needed * FREE_DISK_MARGIN):,}; "
             f"free space or pass another --store-dir"
         )
 
