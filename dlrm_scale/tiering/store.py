@@ -209,9 +209,10 @@ class FileRowStore(MemoryRowStore):
 
         Nothing is synced: between checkpoints the store is scratch (a crash resumes from the
         checkpoint's copy, never from these files), and the page cache serves every later read
-        and write coherently. Syncing here waited for the whole base file's dirty pages to reach
-        the disk (~1.5 s a 2M-row table on this machine class) in the middle of a step; `flush`
-        syncs before a checkpoint copies the files."""
+        and write coherently. Syncing here waited for the base file's dirty pages to reach the
+        disk in the middle of a step (folding 1M records into a 2M-row file: 0.56 s with the
+        sync, 0.37 s without, on this machine class); `flush` syncs before a checkpoint copies
+        the files."""
         ids = torch.nonzero(self.location >= 0).flatten()
         for start in range(0, len(ids), CHUNK_ROWS):
             chunk = ids[start:start + CHUNK_ROWS]
