@@ -153,6 +153,8 @@ def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str |
         result["cache_hit_rate"] = sum(r["cache_hits"] for r in last) / sum(r["cache_hits"] + r["cache_misses"] for r in last)
         # counters are summed over the 2 ranks, per logging window
         result["cache_install_ms_per_step"] = statistics.median(r["cache_install_us"] for r in last) / 1e3 / 2 / log_every
+        for part in ("index", "move", "append"):  # the compiled pass's parts of the install
+            result[f"cache_{part}_ms_per_step"] = statistics.median(r[f"cache_{part}_us"] for r in last) / 1e3 / 2 / log_every
         result["misses_per_step_per_rank"] = statistics.median(r["cache_misses"] for r in last) / 2 / log_every
     return result
 
@@ -274,6 +276,7 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | 
                                                for t, m in zip(runs[name], runs[memory])),
             "cache_hit_rate": median(name, "cache_hit_rate"), "profiled_hit_rate": profiled_hit_rate(stats, policy, factor), "misses_per_step_per_rank": median(name, "misses_per_step_per_rank"),
             "cache_install_ms_per_step": median(name, "cache_install_ms_per_step"),
+            **{f"cache_{part}_ms_per_step": median(name, f"cache_{part}_ms_per_step") for part in ("index", "move", "append")},
             "tiering_phase_ms": statistics.median(r["phase_ms"]["tiering"] for r in runs[name]),
             "rss_tiered_bytes": max(r["rss_bytes"] for r in runs[name]), "rss_in_memory_bytes": max(r["rss_bytes"] for r in runs[memory]),
             "rss_anon_tiered_bytes": max(r["rss_anon_bytes"] for r in runs[name]),

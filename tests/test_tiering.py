@@ -68,6 +68,16 @@ def test_install_puts_each_row_in_its_slot_and_writes_updates_back_on_eviction(c
     assert s.counters.written_back_rows > 0
 
 
+def test_the_compiled_pass_times_its_parts_within_the_install(tmp_path):
+    s, _, _ = shard(rows=20_000, cache_rows=4096, store=FileRowStore(20_000, 4, 1, tmp_path / "rows.f32"), ways=32)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        s.install(torch.randint(0, 20_000, (1000,), generator=g), training=True)
+    c = s.counters
+    assert min(c.index_ns, c.move_ns, c.append_ns) > 0  # every part ran: lookups, rows moved, the log appended to
+    assert c.index_ns + c.move_ns + c.append_ns <= c.install_us * 1000  # parts of the install, never more
+
+
 @both_passes
 @pytest.mark.parametrize("threaded", [False, True])
 def test_prefetched_rows_are_used_and_never_stale(tmp_path, threaded, compiled):

@@ -98,6 +98,11 @@ class ShardCounters:
     prefetched_rows: int = 0  # of the loaded rows, those read ahead in the background
     written_back_rows: int = 0
     install_us: int = 0  # time the forward waited on the cache (lookup, write-back, loads)
+    # of it, in the compiled pass: finding the ids and choosing victims, moving rows in and out
+    # of the cache, and appending the written-back rows to the store's log (one write a batch)
+    index_ns: int = 0
+    move_ns: int = 0
+    append_ns: int = 0
 
 
 class TieredShard:
@@ -197,7 +202,7 @@ class TieredShard:
             cache.num_rows,
             cache.tick(), cache.overflow_ids, cache.overflow_rows, self.weights, self.states, self.dirty, *store.backing(),
             store.log_used, staged_ids, staged_records, training)
-        hits, misses, evictions, spilled, loaded, prefetched, written, store.log_used = stats.tolist()
+        hits, misses, evictions, spilled, loaded, prefetched, written, store.log_used, index_ns, move_ns, append_ns = stats.tolist()
         if spilled > cache.overflow_rows:
             raise ConfigError(f"cached table '{self.name}': {cache.too_small(len(torch.unique(ids)), spilled)} (in its plan)")
         cache.overflow_ids = overflow
@@ -205,6 +210,9 @@ class TieredShard:
         self.counters.loaded_rows += loaded
         self.counters.prefetched_rows += prefetched
         self.counters.written_back_rows += written
+        self.counters.index_ns += index_ns
+        self.counters.move_ns += move_ns
+        self.counters.append_ns += append_ns
         return slots
 
     def _install_torch(self, ids: torch.Tensor, training: bool) -> torch.Tensor:
@@ -394,7 +402,8 @@ class TieredEmbeddings:
 
     def counters(self) -> dict[str, int]:
         out = {"cache_hits": 0, "cache_misses": 0, "cache_evictions": 0, "cache_overflow": 0,
-               "rows_loaded": 0, "rows_prefetched": 0, "rows_written_back": 0, "cache_install_us": 0}
+               "rows_loaded": 0, "rows_prefetched": 0, "rows_written_back": 0, "cache_install_us": 0,
+               "cache_index_us": 0, "cache_move_us": 0, "cache_append_us": 0}
         for s in self.shards.values():
             c = s.cache.counters
             out["cache_hits"] += c.hits
@@ -405,6 +414,9 @@ class TieredEmbeddings:
             out["rows_prefetched"] += s.counters.prefetched_rows
             out["rows_written_back"] += s.counters.written_back_rows
             out["cache_install_us"] += s.counters.install_us
+            out["cache_index_us"] += s.counters.index_ns // 1000
+            out["cache_move_us"] += s.counters.move_ns // 1000
+            out["cache_append_us"] += s.counters.append_ns // 1000
         return out
 
     def flush(self) -> None:

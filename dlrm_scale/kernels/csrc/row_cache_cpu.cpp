@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,10 @@ constexpr uint8_t kFrequencyMax = 255;  // cache.py's FREQUENCY_MAX
 constexpr int64_t kBlock = 4096;  // O_DIRECT's alignment
 constexpr int64_t kDirectQueue = 16;  // O_DIRECT reads in flight (a virtio disk here serves ~25k a second one at a time)
 constexpr int64_t kAhead = 16;  // ids (or misses) between a prefetch and its use
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Same as cache.py's set_of: wrapping int64 product, arithmetic shift, non-negative remainder.
 inline int64_t set_of(int64_t id, int64_t sets) {
@@ -339,6 +344,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   for (int64_t i = 0; i < overflow_ids.numel(); ++i) write_back(over[i], overflow_base + i);
   store.flush();
 
+  const int64_t started_ns = now_ns();  // the pass's three parts are timed: index, moves, the log's append
   // hits lock their way and have their slot; misses are collected. Each id's set tags are
   // cold: prefetched 2*kAhead ids ahead, compared kAhead ahead (the found way's clock then
   // prefetched, the slot kept in a ring until its id's turn), so that the misses overlap.
@@ -432,6 +438,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
     moves.push_back({row, s, old});
   }
 
+  const int64_t chosen_ns = now_ns();
   // then the rows move: each victim's record out, the miss's in, the slots (and the misses'
   // records, where the store has an address for them) prefetched ahead
   const int64_t num_moves = static_cast<int64_t>(moves.size());
@@ -447,7 +454,7 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
   }
 
   const int64_t spilled = static_cast<int64_t>(spill.size());
-  torch::Tensor stats = torch::empty({8}, torch::kLong);
+  torch::Tensor stats = torch::empty({11}, torch::kLong);
   torch::Tensor overflow = torch::empty({spilled}, torch::kLong);
   if (spilled <= overflow_rows) {  // else the caller raises: the cache is too small for the batch
     for (int64_t k = 0; k < spilled; ++k) {
@@ -461,9 +468,11 @@ std::vector<torch::Tensor> row_cache_install(const torch::Tensor& ids, torch::Te
     }
     for (int64_t i = 0; training && i < n; ++i) is_dirty[o[i]] = true;
   }
+  const int64_t moved_ns = now_ns();
   store.flush();
-  const int64_t values[8] = {hits, num_misses, evictions, spilled, loaded, prefetched, written, store.log_used};
-  std::copy(values, values + 8, stats.data_ptr<int64_t>());
+  const int64_t values[11] = {hits, num_misses, evictions, spilled, loaded, prefetched, written, store.log_used,
+                              chosen_ns - started_ns, moved_ns - chosen_ns, now_ns() - moved_ns};
+  std::copy(values, values + 11, stats.data_ptr<int64_t>());
   return {out, overflow, stats};
 }
 
