@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -68,3 +71,30 @@ def test_the_planner_counts_what_the_ssd_store_takes_on_disk(tmp_path):
     os.sync()
     on_disk = sum(f.stat().st_blocks * 512 for f in tmp_path.iterdir())
     assert rows_bytes(rows, cols, "rowwise_adagrad") < on_disk <= slow_tier_bytes(rows, cols, "rowwise_adagrad", "ssd", "cpu")
+
+
+def test_the_ssd_store_reserves_its_disk_blocks_when_created(tmp_path):
+    # before a row is written: a disk that fills up later cannot fail an append mid-step
+    FileRowStore(4096, 8, 1, tmp_path / "t.f32")
+    allocated = sum(f.stat().st_blocks * 512 for f in tmp_path.iterdir())
+    assert allocated >= slow_tier_bytes(4096, 8, "rowwise_adagrad", "ssd", "cpu")
+
+
+def test_a_store_the_disk_has_no_room_for_is_one_line(tmp_path):
+    # a file-size limit stands in for a full disk: the same refusal, reached without filling one
+    code = textwrap.dedent(f"""
+        import resource, signal
+        from pathlib import Path
+        from dlrm_scale.tiering.store import FileRowStore
+        from planner.errors import ConfigError
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        try:
+            FileRowStore(4096, 8, 1, Path({str(tmp_path / "t.f32")!r}))
+        except ConfigError as e:
+            print(e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(), timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"store file {tmp_path / 't.f32'} needs 147,456 bytes on disk but the disk or quota is full")
+    assert out.stdout.rstrip().endswith("free space or pass another --store-dir")

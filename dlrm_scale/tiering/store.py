@@ -12,13 +12,15 @@ records are folded into the base file (compaction). The compiled cache pass writ
 with pwrite and reads them (`backing`) with pread (`io="pread"`: a batch maps no page),
 with O_DIRECT (`"direct"`), or by copying from their mappings (`"mapped"`: no system call a
 row; the pages stay mapped, so they count in the trainer's RSS, though they are the same page
-cache). Bulk work (initialisation, compaction, checkpoints) and the torch fallback go through
+cache). The files' disk blocks are allocated when they are created. Bulk work
+(initialisation, compaction, checkpoints) and the torch fallback go through
 the mappings; except when mapped, their pages are handed back to the kernel afterwards
 (`release`): they sit in the page cache, not in the trainer's resident memory.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -132,11 +134,35 @@ def open_direct(path: Path) -> int:
 
 
 def _map(path: Path, rows: int, width: int) -> tuple[int, mmap.mmap, torch.Tensor]:
-    with open(path, "a+b") as f:
-        f.truncate(rows * width * 4)
-    fd = os.open(path, os.O_RDWR)
-    mm = mmap.mmap(fd, rows * width * 4, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    size = rows * width * 4
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _reserve(fd, size, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     return fd, mm, torch.from_numpy(np.frombuffer(mm, dtype=np.float32).reshape(rows, width))
+
+
+def _reserve(fd: int, size: int, path: Path) -> None:
+    """The file at `size` bytes with its disk blocks allocated now, not as its pages are first
+    written: a disk that fills up later (another job, the checkpoints) then cannot fail a log
+    append mid-step, nor kill the trainer with SIGBUS on a write through the mapping into a
+    hole (what a full disk does to a mapped sparse file). A full disk is one line, before
+    training."""
+    try:
+        os.ftruncate(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:  # a file system that cannot reserve keeps the sparse file
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise ConfigError(f"store file {path} needs {size:,} bytes on disk but the disk or quota is full "
+                              f"({os.strerror(e.errno)}); free space or pass another --store-dir") from None
+        raise
 
 
 class FileRowStore(MemoryRowStore):
