@@ -60,6 +60,7 @@ MAX_TABLE_BYTES = 640 << 20  # weights of one table, so 10^7 rows come with smal
 MAX_MIX_BYTES = 2 << 30
 MAX_IDS_PER_SAMPLE = 400  # pooling summed over a mix's tables: keeps a step under a second
 DP_MAX_BYTES = 16 << 20
+REGRET_RESAMPLES = 4000  # bootstrap resamples behind each regret's interval
 PLANS = ("ours", "torchrec", "table_wise", "column_wise", "row_wise", "mostly_data_parallel")
 
 
@@ -211,10 +212,13 @@ def phase_errors(rows: list[dict]) -> dict:
     return {g: {"median_abs_rel_error": float(np.median(v)), "runs": len(v)} for g, v in errors.items()}
 
 
-def regret(rows: list[dict]) -> dict:
+def regret(rows: list[dict], resamples: int = REGRET_RESAMPLES) -> dict:
     """Per mix, the median measured step of each plan over the fastest plan's. Labels that ran the
     same plan (the planner's choice equal to all table-wise, say) are one plan: their runs are
-    pooled, since what tells them apart is only the machine's noise."""
+    pooled, since what tells them apart is only the machine's noise. Beside each regret, its 90%
+    bootstrap interval: every plan's runs resampled with replacement and the fastest chosen again
+    each time, so a regret the runs' spread could have made (or hidden) shows as one."""
+    rng = np.random.default_rng(0)
     out = {}
     for mix in sorted({r["mix"] for r in rows}, key=lambda m: int(m[3:])):
         runs = [r for r in rows if r["mix"] == mix]
@@ -223,11 +227,17 @@ def regret(rows: list[dict]) -> dict:
         medians = {p: statistics.median(pooled[layout[p]]) for p in PLANS}
         best = min(medians, key=medians.get)
         steps = {p: [r["measured_step_ms"] for r in runs if r["plan"] == p] for p in PLANS}
+        # resampled medians, [resample, layout]; each label reads its layout's column
+        keys = sorted(pooled)
+        draws = np.stack([np.median(rng.choice(pooled[k], size=(resamples, len(pooled[k]))), axis=1) for k in keys], axis=1)
+        fastest = draws.min(axis=1)
+        interval = {p: [float(q) for q in np.percentile(draws[:, keys.index(layout[p])] / fastest, [5, 95])] for p in ("ours", "torchrec")}
         out[mix] = {"tables": runs[0]["tables"], "fastest": best,
                     "same_plan": {p: sorted(q for q in PLANS if q != p and layout[q] == layout[p]) for p in PLANS if
                                   any(q != p and layout[q] == layout[p] for q in PLANS)},
                     "median_step_ms": medians, "spread_ms": {p: [min(v), max(v)] for p, v in steps.items()},
-                    "ours": medians["ours"] / medians[best], "torchrec": medians["torchrec"] / medians[best]}
+                    "ours": medians["ours"] / medians[best], "torchrec": medians["torchrec"] / medians[best],
+                    "ours_interval_90": interval["ours"], "torchrec_interval_90": interval["torchrec"]}
     return out
 
 
@@ -329,9 +339,10 @@ def main() -> int:
     if args.rescore:
         print("rescored: predictions and fit from the model as it is now; the regrets are of the plans these runs trained")
     print(json.dumps(summary, indent=1))
-    print("| mix | tables | fastest plan | ours regret | TorchRec regret |\n|---|---|---|---|---|")
+    print("| mix | tables | fastest plan | ours regret (90% interval) | TorchRec regret (90% interval) |\n|---|---|---|---|---|")
     for m, r in regrets.items():
-        print(f"| {m} | {r['tables']} | {r['fastest']} | {r['ours']:.3f} | {r['torchrec']:.3f} |")
+        (a, b), (c, d) = r["ours_interval_90"], r["torchrec_interval_90"]
+        print(f"| {m} | {r['tables']} | {r['fastest']} | {r['ours']:.3f} ({a:.3f}-{b:.3f}) | {r['torchrec']:.3f} ({c:.3f}-{d:.3f}) |")
     return 0
 
 
