@@ -1,0 +1,195 @@
+"""Planner regret measured side by side: each held-out mix of the cost-model benchmark trained
+under all its plans in the same two gloo processes, in blocks of steps alternated plan by plan.
+
+costmodel_bench.py trains each plan as its own job, and on these machines a job's step varies
+by ~11% from one run to the next (whole runs slowing, every phase alike): a regret of 1.02 is
+then out of reach of any affordable number of repeats. Here every plan's model lives in the
+same processes and the plans take turns, a block of steps each, so a slow spell of the machine
+falls on all of them alike and their ratio is measured to a fraction of that spread.
+
+- plans: as costmodel_bench.py (ours planned with the refitted profile, TorchRec's planner's,
+  all table-wise, column-wise, row-wise, mostly data-parallel), in two jobs that both hold ours
+  (`GROUPS`: six models of a 2.6 GiB mix would not fit this 24 GB machine at once); labels
+  that make the same plan train it once;
+- each plan first runs `--warmup` steps untimed, then `--blocks` rounds, each round a block of
+  `--block-steps` steps per plan (the plans' order rotating round by round); a block's first
+  step is left out (it meets caches the other plans filled);
+- a plan's step: the median of its timed steps (rank 0's wall clock between steps; the
+  collectives keep the ranks in step); each plan over ours in its job, and from those the
+  regret: ours (or TorchRec's) over the fastest, with a 90% bootstrap interval resampling
+  whole rounds, the same rounds for every plan of a job.
+
+    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--blocks 12] [--block-steps 8]
+
+Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes
+benchmarks/results/regret_paired.json and prints a Markdown table for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from costmodel_bench import RESULTS, WORLD, generate_mix, given_plan, layout_key, write_config  # noqa: E402
+
+FITTED = RESULTS / "costmodel_fitted.yaml"
+HELD_OUT = (1, 3, 5, 7, 9, 11)
+GROUPS = (("ours", "torchrec", "table_wise"), ("ours", "column_wise", "row_wise", "mostly_data_parallel"))
+RESAMPLES = 4000
+
+
+def worker(config: Path, labels: list[str], blocks: int, block_steps: int, warmup: int, out: Path) -> None:
+    """One rank: each distinct plan of `labels` built side by side, then the rounds of blocks."""
+    import torch
+    import torch.distributed as dist
+
+    from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
+    from dlrm_scale.run_config import Overrides, load_run_config
+    from dlrm_scale.train import init_distributed
+    from dlrm_scale.training.build import build_parts
+    from dlrm_scale.training.phases import step_runner
+    from dlrm_scale.training.prefetch import batch_source
+    from planner.plan import Plan
+    from planner.planning import make_plan
+
+    rank, world, device = init_distributed()
+    run = load_run_config(config, Overrides(world_size=world, ranks_per_node=int(os.environ["LOCAL_WORLD_SIZE"]), device="cpu"))
+    box = [None, None]
+    if rank == 0:  # as the trainer plans at start (--planner ours / torchrec)
+        box = [make_plan(run.problem).to_dict(), torchrec_planner_plan(run.problem)[0].to_dict() if "torchrec" in labels else None]
+    dist.broadcast_object_list(box, src=0)
+    planned = {"ours": box[0], "torchrec": box[1]}
+    plans = {label: Plan.from_dict(planned[label]) if label in planned else given_plan(run.problem, label) for label in labels}
+    layouts = {label: layout_key(plan) for label, plan in plans.items()}
+    distinct = list(dict.fromkeys(layouts.values()))
+    steps = warmup + blocks * block_steps
+    with contextlib.ExitStack() as stack:
+        runners, batches = {}, {}
+        for key in distinct:
+            plan = plans[next(label for label in labels if layouts[label] == key)]
+            torch.manual_seed(run.train.seed)
+            parts = build_parts(run, plan, device, rank, world, None, True)
+            if parts.cpu_kernel is not None:
+                stack.callback(parts.cpu_kernel.close)
+            parts.model.train()
+            runners[key] = step_runner(run.train.pipeline, parts.model, parts.optimizer, device, parts.timer)
+            batches[key] = stack.enter_context(batch_source(parts.data.batches(0, steps + 4), steps + 4, run.train.materialise_mib,
+                                                            run.train.prefetch_batches, rank))
+        for key in distinct:
+            for _ in range(warmup):
+                runners[key].progress(batches[key])
+        timed = {key: [] for key in distinct}  # [round][step] ms
+        for r in range(blocks):
+            order = distinct[r % len(distinct):] + distinct[:r % len(distinct)]
+            for key in order:
+                dist.barrier()
+                ms, last = [], time.perf_counter()
+                for _ in range(block_steps):
+                    runners[key].progress(batches[key])
+                    now = time.perf_counter()
+                    ms.append((now - last) * 1e3)
+                    last = now
+                timed[key].append(ms[1:])
+    if rank == 0:
+        out.write_text(json.dumps({"layouts": layouts, "steps_ms": {label: timed[layouts[label]] for label in labels}}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def regret(groups: list[dict[str, list[list[float]]]], rng: np.random.Generator) -> dict:
+    """Each plan's median step over ours in its job; ours' and TorchRec's step over the fastest
+    plan's, with 90% bootstrap intervals (each job's rounds resampled, the same rounds for
+    every plan of a job)."""
+    def over_ours(group, picks=None):
+        med = {p: float(np.median(np.concatenate([v[i] for i in (range(len(v)) if picks is None else picks)]))) for p, v in group.items()}
+        return {p: m / med["ours"] for p, m in med.items()}
+
+    def summary(relative):  # plan -> its step over ours
+        fastest = min(relative.values())
+        return relative["ours"] / fastest, relative["torchrec"] / fastest
+
+    relative = {p: r for g in groups for p, r in over_ours(g).items()}
+    draws = []
+    for _ in range(RESAMPLES):
+        resampled = {}
+        for g in groups:
+            rounds = len(g["ours"])
+            resampled.update(over_ours(g, rng.integers(0, rounds, size=rounds)))
+        draws.append(summary(resampled))
+    draws = np.array(draws)
+    ours, torchrec = summary(relative)
+    fastest = min(relative, key=relative.get)
+    medians = {p: float(np.median(np.concatenate(v))) for g in groups for p, v in g.items() if p != "ours" or g is groups[0]}
+    return {"fastest": fastest if relative[fastest] < 1 else "ours", "over_ours": relative, "median_step_ms": medians,
+            "ours": ours, "ours_interval_90": [float(q) for q in np.percentile(draws[:, 0], [5, 95])],
+            "torchrec": torchrec, "torchrec_interval_90": [float(q) for q in np.percentile(draws[:, 1], [5, 95])]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixes", default=",".join(map(str, HELD_OUT)), help="held-out mixes of costmodel_bench.py, by index")
+    ap.add_argument("--blocks", type=int, default=12, help="rounds; each gives every plan one block")
+    ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
+    ap.add_argument("--worker", nargs=3, metavar=("CONFIG", "PLANS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(Path(args.worker[0]), args.worker[1].split(","), args.blocks, args.block_steps, args.warmup, Path(args.worker[2]))
+        return 0
+    try:
+        mixes = [int(m) for m in args.mixes.split(",")]
+    except ValueError:
+        mixes = []
+    if not mixes or any(not 0 <= m < 12 for m in mixes) or args.blocks < 3 or args.block_steps < 2 or args.warmup < 0:
+        print("error: --mixes takes indices 0-11 (comma-separated), --blocks >= 3, --block-steps >= 2, --warmup >= 0", file=sys.stderr)
+        return 2
+    if not FITTED.is_file():
+        print(f"error: {FITTED.relative_to(ROOT)} is missing; run benchmarks/costmodel_bench.py first", file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(0)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in mixes:
+            config = Path(tmp) / f"mix{index}.yaml"
+            write_config(config, generate_mix(index), str(FITTED))
+            start, jobs = time.monotonic(), []
+            for g, labels in enumerate(GROUPS):
+                out = Path(tmp) / f"mix{index}_{g}.json"
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), str(Path(__file__).resolve()),
+                       "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup", str(args.warmup),
+                       "--worker", str(config), ",".join(labels), str(out)]
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                if proc.returncode != 0:
+                    raise RuntimeError(f"mix{index} {labels}: {proc.stderr[-3000:]}")
+                jobs.append(json.loads(out.read_text()))
+            r = results[f"mix{index}"] = {**regret([j["steps_ms"] for j in jobs], rng), "jobs": jobs, "seconds": time.monotonic() - start}
+            print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
+                  f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
+    doc = {"machine": platform.processor() or platform.machine(), "blocks": args.blocks, "block_steps": args.block_steps,
+           "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
+    (RESULTS / "regret_paired.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print("| mix | fastest plan (its step / ours') | ours regret (90%) | TorchRec regret (90%) |\n|---|---|---|---|")
+    for m, r in results.items():
+        (a, b), (c, d) = r["ours_interval_90"], r["torchrec_interval_90"]
+        print(f"| {m} | {r['fastest']} ({r['over_ours'][r['fastest']]:.3f}) | {r['ours']:.3f} ({a:.3f}-{b:.3f}) | "
+              f"{r['torchrec']:.3f} ({c:.3f}-{d:.3f}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
