@@ -19,10 +19,10 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
   regret: ours (or TorchRec's) over the fastest, with a 90% bootstrap interval resampling
   whole rounds, the same rounds for every plan of a job.
 
-    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--blocks 12] [--block-steps 8]
+    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--blocks 12] [--block-steps 8] [--out JSON]
 
-Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes
-benchmarks/results/regret_paired.json and prints a Markdown table for the README.
+Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes --out
+(default benchmarks/results/regret_paired.json) and prints a Markdown table for the README.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=12, help="rounds; each gives every plan one block")
     ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
+    ap.add_argument("--out", type=Path, default=RESULTS / "regret_paired.json")
     ap.add_argument("--worker", nargs=3, metavar=("CONFIG", "PLANS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -182,7 +183,7 @@ def main() -> int:
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
     doc = {"machine": platform.processor() or platform.machine(), "blocks": args.blocks, "block_steps": args.block_steps,
            "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
-    (RESULTS / "regret_paired.json").write_text(json.dumps(doc, indent=1) + "\n")
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print("| mix | fastest plan (its step / ours') | ours regret (90%) | TorchRec regret (90%) |\n|---|---|---|---|")
     for m, r in results.items():
         (a, b), (c, d) = r["ours_interval_90"], r["torchrec_interval_90"]
