@@ -96,5 +96,5 @@ def test_a_store_the_disk_has_no_room_for_is_one_line(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(), timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"store file {tmp_path / 't.f32'} needs 147,456 bytes on disk but the disk or quota is full")
+    assert out.stdout.startswith(f"store file {tmp_path / 't.f32'} needs 147,456 bytes but its disk has no room for them")
     assert out.stdout.rstrip().endswith("free space or pass another --store-dir")

@@ -160,7 +160,7 @@ def _reserve(fd: int, size: int, path: Path) -> None:
                 raise
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise ConfigError(f"store file {path} needs {size:,} bytes on disk but the disk or quota is full "
+            raise ConfigError(f"store file {path} needs {size:,} bytes but its disk has no room for them "
                               f"({os.strerror(e.errno)}); free space or pass another --store-dir") from None
         raise
 
