@@ -73,26 +73,30 @@ def barrier_step_ms(assignment: Assignment, world_size: int) -> float:
     return step_ms(phase_loads(assignment, world_size))
 
 
-def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, deadline_s: float, seed: int = 0,
-                   rules: RankRules = RankRules()) -> Assignment:
+def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, budget_s: float, deadline_s: float,
+                   seed: int = 0, rules: RankRules = RankRules()) -> Assignment:
     """`assignment` with its free (any-rank) shards re-placed by CP-SAT to shorten the barrier
     step, a few ranks at a time, each rank's total at most `cap_ms` (or the busiest rank's as
     it was, if more); memory and the placement rules kept. Options, spread and node-bound
     shards stay. A round is kept only when the step, recomputed exactly, got MIN_GAIN shorter. Changes
-    `assignment`."""
+    `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
+    depends on the input only; the wall-clock `deadline_s` is a safety net for a slow machine
+    (a wall-clock limit of its own made two plans of one problem differ, round counts apart)."""
     world = cluster.world_size
     if world < 2:
         return assignment
     rng = np.random.default_rng(seed)
     peak_ms = max(cap_ms, float(RankLoads.of(assignment, world).ms.max()))
     unit_ms = peak_ms / TICKS_PER_PEAK
-    stale = 0
-    while stale < STALE_ROUNDS and time.monotonic() < deadline_s:
+    stale, spent_s = 0, 0.0
+    while stale < STALE_ROUNDS and spent_s < budget_s and time.monotonic() < deadline_s:
         loads = phase_loads(assignment, world)
         if step_ms(loads) <= loads.sum(axis=1).max() * (1 + MIN_GAIN):
             break  # the step is the busiest rank's: no phase waits for another rank
         ranks = _neighbourhood(loads, rng)
-        placed = _replace(assignment, ranks, loads, cluster, peak_ms, unit_ms, deadline_s, seed, rules)
+        placed, round_s = _replace(assignment, ranks, loads, cluster, peak_ms, unit_ms,
+                                   min(ROUND_DETERMINISTIC_S, budget_s - spent_s), deadline_s, seed, rules)
+        spent_s += round_s
         if placed is not None:
             trial = assignment.copy()
             for table, i, rank in placed:
@@ -125,13 +129,14 @@ def _neighbourhood(loads: np.ndarray, rng: np.random.Generator) -> list[int]:
     return sorted(ranks)
 
 
-def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluster: ClusterSpec, cap_ms: float,
-             unit_ms: float, deadline_s: float, seed: int, rules: RankRules) -> list[tuple[str, int, int]] | None:
+def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluster: ClusterSpec, cap_ms: float, unit_ms: float,
+             budget_s: float, deadline_s: float, seed: int, rules: RankRules) -> tuple[list[tuple[str, int, int]] | None, float]:
     """The free shards on `ranks` placed among them to minimise the sum over phases of each
-    phase's busiest rank (the ranks left out counting as they are); None if CP-SAT found none."""
+    phase's busiest rank (the ranks left out counting as they are), None if CP-SAT found none;
+    and the deterministic seconds it spent."""
     items = free_shards(assignment, ranks)
     if not items:
-        return None
+        return None, 0.0
     vectors = [shard_phase_ms(assignment.choice[t])[i] for t, i in items]
     base = {r: loads[r].copy() for r in ranks}
     used = RankLoads.of(assignment, cluster.world_size).bytes
@@ -159,7 +164,7 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
         limit_memory(model, x, items, r, assignment, caps, base_bytes[r])
     hint_placement(model, x, items, ranks, assignment)
     model.Minimize(sum(top))
-    solver = solver_parameters(ROUND_DETERMINISTIC_S, deadline_s - time.monotonic(), seed)
+    solver = solver_parameters(budget_s, deadline_s - time.monotonic(), seed)
     if solver.Solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
-    return [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)]
+        return None, solver.deterministic_time
+    return [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)], solver.deterministic_time

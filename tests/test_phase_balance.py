@@ -21,7 +21,7 @@ def placed(ranks: dict[str, int], options: dict[str, ShardingOption]) -> Assignm
 
 
 def balanced(assignment: Assignment, rules: RankRules = RankRules(), cap_ms: float = 0.0) -> Assignment:
-    return balance_phases(assignment, make_cluster(ranks_per_node=2), cap_ms, time.monotonic() + 10, rules=rules)
+    return balance_phases(assignment, make_cluster(ranks_per_node=2), cap_ms, 2.0, time.monotonic() + 10, rules=rules)
 
 
 def test_compute_and_comms_heavy_tables_are_paired_so_no_phase_waits():
@@ -75,3 +75,32 @@ def test_the_planner_shortens_the_step_within_its_slack_above_the_bound():
     assert "+phases" in plan.solver
     assert step_ms <= plan.lower_bound_ms * 1.07
     assert plan.max_rank_ms <= plan.lower_bound_ms * (1 + PHASE_SLACK) * (1 + 1e-6)
+
+
+def test_a_slower_machine_balances_the_phases_as_a_faster_one(monkeypatch):
+    """The balancing's rounds stop on CP-SAT's deterministic time: each round slowed by half a
+    second (a loaded or slower machine) leaves the plan as it was. With a wall-clock limit of
+    its own (a fifth of the time limit), the slowed round ran out of it and the two plans of
+    one problem differed."""
+    import numpy as np
+
+    import planner.phase_balance as phase_balance
+    from planner.solver import SolverConfig
+
+    rng = np.random.default_rng(3)
+    tables = [table(f"t{i}", int(np.exp(rng.uniform(np.log(1e3), np.log(5e4)))), 64, float(np.exp(rng.uniform(0, np.log(100)))))
+              for i in range(40)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=2))
+    config = SolverConfig(time_limit_s=4.0)
+    plan = make_plan(problem, config=config)
+    rounds, real = [], phase_balance._replace
+
+    def slowed(*args, **kwargs):
+        rounds.append(1)
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(phase_balance, "_replace", slowed)
+    slow = make_plan(problem, config=config)
+    assert rounds and "+phases" in plan.solver
+    assert {t: p.ranks for t, p in slow.tables.items()} == {t: p.ranks for t, p in plan.tables.items()}
