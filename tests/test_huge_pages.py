@@ -34,9 +34,7 @@ def test_collapse_backs_the_tensor_with_huge_pages_and_keeps_it():
     if moved == 0 and refused in ("EAGAIN", "ENOMEM"):  # madvise(2): no huge page free now
         pytest.skip(f"the kernel has no free 2 MiB page now ({refused}): memory is fragmented")
     assert moved >= 20 << 20 and moved % HUGE_PAGE_BYTES == 0, f"collapsed {moved} bytes (madvise: {refused})"  # all but the unaligned ends
-    # the kernel may split some back under memory pressure before smaps is read (seen once, late
-    # in a full suite: 18 of 22 MiB still huge); most of them are there, none if collapse did nothing
-    assert huge_bytes_around(t.data_ptr() + moved // 2) >= moved // 2
+    assert huge_bytes_around(t.data_ptr() + moved // 2) >= moved
     assert torch.equal(t, before)
 
 
