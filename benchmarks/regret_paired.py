@@ -160,6 +160,9 @@ def main() -> int:
     if not mixes or any(not 0 <= m < 12 for m in mixes) or args.blocks < 3 or args.block_steps < 2 or args.warmup < 0:
         print("error: --mixes takes indices 0-11 (comma-separated), --blocks >= 3, --block-steps >= 2, --warmup >= 0", file=sys.stderr)
         return 2
+    if not args.out.parent.is_dir():
+        print(f"error: --out {args.out}: its folder does not exist; create it or give another path", file=sys.stderr)
+        return 2
     if not FITTED.is_file():
         print(f"error: {FITTED.relative_to(ROOT)} is missing; run benchmarks/costmodel_bench.py first", file=sys.stderr)
         return 2
