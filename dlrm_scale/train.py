@@ -19,6 +19,7 @@ from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
+from dlrm_scale.training.rank_end import end_rank
 from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
@@ -104,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             plan.save(job.out_dir / "plan.json")
         Trainer(run, plan, device, rank, world, job.out_dir, data_path=job.data_path, resume=job.resume).run()
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
+        end_rank(0)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 from tqdm import tqdm
 
 from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
+from dlrm_scale.training.rank_end import end_rank
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from dlrm_scale.tools.store_timing import store_samples_on_ranks
 from planner.specs import GIB
@@ -149,8 +150,9 @@ def _comm_worker(rank: int, world: int, port: int, sizes: tuple[int, ...], repea
         results.append({"bytes": n * 4, "all_to_all_ms": a2a, "all_reduce_ms": ar})
     if rank == 0:
         queue.put(results)
-    dist.barrier()
-    dist.destroy_process_group()
+        queue.close()
+        queue.join_thread()  # the results are in the pipe before the process ends
+    end_rank(0)
 
 
 def comm_samples(cfg: CalibrationConfig) -> list[dict]:

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dlrm_scale.training.rank_end import end_rank
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -28,9 +30,10 @@ def _entry(rank, world, port, result_path, fn, args):
         if rank == 0:
             with open(result_path, "wb") as f:
                 pickle.dump(result, f)
-        dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise  # torch.multiprocessing reports it to the parent
+    end_rank(0)
 
 
 def run_on_ranks(fn, world: int = 2, *args):
