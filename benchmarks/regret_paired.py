@@ -8,18 +8,22 @@ same processes and the plans take turns, a block of steps each, so a slow spell 
 falls on all of them alike and their ratio is measured to a fraction of that spread.
 
 - plans: as costmodel_bench.py (ours planned with the refitted profile, TorchRec's planner's,
-  all table-wise, column-wise, row-wise, mostly data-parallel), in two jobs that both hold ours
-  (`GROUPS`: six models of a 2.6 GiB mix would not fit this 24 GB machine at once); labels
+  all table-wise, column-wise, row-wise, mostly data-parallel), in two groups that both hold
+  ours (`GROUPS`: six models of a 2.6 GiB mix would not fit this 24 GB machine at once); labels
   that make the same plan train it once;
+- each group run as `--jobs` separate jobs, job k building the models in an order rotated by
+  k: the same plans' ratio moves by 3-5% from one job to the next (where each model's memory
+  lands), more than within a job, so only several jobs measure it;
 - each plan first runs `--warmup` steps untimed, then `--blocks` rounds, each round a block of
   `--block-steps` steps per plan (the plans' order rotating round by round); a block's first
   step is left out (it meets caches the other plans filled);
 - a plan's step: the median of its timed steps (rank 0's wall clock between steps; the
-  collectives keep the ranks in step); each plan over ours in its job, and from those the
-  regret: ours (or TorchRec's) over the fastest, with a 90% bootstrap interval resampling
-  whole rounds, the same rounds for every plan of a job.
+  collectives keep the ranks in step); each plan over ours in each job, the geometric mean of
+  those over a group's jobs, and from those the regret: ours (or TorchRec's) over the fastest,
+  with a 90% bootstrap interval resampling a group's jobs and, within each, its whole rounds
+  (the same rounds for every plan of a job).
 
-    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--blocks 12] [--block-steps 8] [--out JSON]
+    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--out JSON]
 
 Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes --out
 (default benchmarks/results/regret_paired.json) and prints a Markdown table for the README.
@@ -53,8 +57,9 @@ GROUPS = (("ours", "torchrec", "table_wise"), ("ours", "column_wise", "row_wise"
 RESAMPLES = 4000
 
 
-def worker(config: Path, labels: list[str], blocks: int, block_steps: int, warmup: int, out: Path) -> None:
-    """One rank: each distinct plan of `labels` built side by side, then the rounds of blocks."""
+def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_steps: int, warmup: int, out: Path) -> None:
+    """One rank: each distinct plan of `labels` built side by side (in their order rotated by
+    `rotate`), then the rounds of blocks."""
     import torch
     import torch.distributed as dist
 
@@ -64,6 +69,7 @@ def worker(config: Path, labels: list[str], blocks: int, block_steps: int, warmu
     from dlrm_scale.training.build import build_parts
     from dlrm_scale.training.phases import step_runner
     from dlrm_scale.training.prefetch import batch_source
+    from dlrm_scale.training.rank_end import end_rank
     from planner.plan import Plan
     from planner.planning import make_plan
 
@@ -80,7 +86,7 @@ def worker(config: Path, labels: list[str], blocks: int, block_steps: int, warmu
     steps = warmup + blocks * block_steps
     with contextlib.ExitStack() as stack:
         runners, batches = {}, {}
-        for key in distinct:
+        for key in distinct[rotate % len(distinct):] + distinct[:rotate % len(distinct)]:
             plan = plans[next(label for label in labels if layouts[label] == key)]
             torch.manual_seed(run.train.seed)
             parts = build_parts(run, plan, device, rank, world, None, True)
@@ -106,59 +112,81 @@ def worker(config: Path, labels: list[str], blocks: int, block_steps: int, warmu
                     last = now
                 timed[key].append(ms[1:])
     if rank == 0:
-        out.write_text(json.dumps({"layouts": layouts, "steps_ms": {label: timed[layouts[label]] for label in labels}}))
-    dist.barrier()
-    dist.destroy_process_group()
+        out.write_text(json.dumps({"layouts": layouts, "built_first": plans_first(labels, layouts, distinct, rotate),
+                                   "steps_ms": {label: timed[layouts[label]] for label in labels}}))
+    end_rank(0)
 
 
-def regret(groups: list[dict[str, list[list[float]]]], rng: np.random.Generator) -> dict:
-    """Each plan's median step over ours in its job; ours' and TorchRec's step over the fastest
-    plan's, with 90% bootstrap intervals (each job's rounds resampled, the same rounds for
-    every plan of a job)."""
-    def over_ours(group, picks=None):
-        med = {p: float(np.median(np.concatenate([v[i] for i in (range(len(v)) if picks is None else picks)]))) for p, v in group.items()}
+def plans_first(labels: list[str], layouts: dict[str, str], distinct: list[str], rotate: int) -> str:
+    """The label whose model a job built first."""
+    first = distinct[rotate % len(distinct)]
+    return next(label for label in labels if layouts[label] == first)
+
+
+def regret(groups: list[list[dict[str, list[list[float]]]]], rng: np.random.Generator) -> dict:
+    """`groups[g][k]`: job k of group g, each plan's steps by round. Each plan's median step
+    over ours' in each job, the geometric mean over its group's jobs; ours' and TorchRec's over
+    the fastest plan's, with 90% bootstrap intervals (a group's jobs resampled, and each
+    drawn job's rounds, the same rounds for every plan of a job)."""
+    def over_ours(job, picks):
+        med = {p: float(np.median(np.concatenate([v[i] for i in picks]))) for p, v in job.items()}
         return {p: m / med["ours"] for p, m in med.items()}
+
+    def pooled(jobs, draw=False):
+        if draw:
+            jobs = [jobs[k] for k in rng.integers(0, len(jobs), size=len(jobs))]
+        ratios = [over_ours(j, rng.integers(0, len(j["ours"]), size=len(j["ours"])) if draw else range(len(j["ours"])))
+                  for j in jobs]
+        return {p: float(np.exp(np.mean([np.log(r[p]) for r in ratios]))) for p in ratios[0]}
 
     def summary(relative):  # plan -> its step over ours
         fastest = min(relative.values())
         return relative["ours"] / fastest, relative["torchrec"] / fastest
 
-    relative = {p: r for g in groups for p, r in over_ours(g).items()}
-    draws = []
-    for _ in range(RESAMPLES):
-        resampled = {}
-        for g in groups:
-            rounds = len(g["ours"])
-            resampled.update(over_ours(g, rng.integers(0, rounds, size=rounds)))
-        draws.append(summary(resampled))
-    draws = np.array(draws)
+    relative = {p: r for jobs in groups for p, r in pooled(jobs).items()}
+    draws = np.array([summary({p: r for jobs in groups for p, r in pooled(jobs, draw=True).items()})
+                      for _ in range(RESAMPLES)])
     ours, torchrec = summary(relative)
-    medians = {p: float(np.median(np.concatenate(v))) for g in groups for p, v in g.items() if p != "ours"}
-    medians["ours"] = float(np.median(np.concatenate(groups[0]["ours"])))  # the first job's
+    per_job = {p: [over_ours(j, range(len(j["ours"])))[p] for j in jobs] for jobs in groups for p in jobs[0] if p != "ours"}
     # ours comes first in `relative`, so a plan only as fast as ours leaves ours the fastest
-    return {"fastest": min(relative, key=relative.get), "over_ours": relative, "median_step_ms": medians,
+    return {"fastest": min(relative, key=relative.get), "over_ours": relative, "over_ours_per_job": per_job,
+            "median_step_ms_first_job": {p: float(np.median(np.concatenate(v))) for jobs in groups for p, v in jobs[0].items()},
             "ours": ours, "ours_interval_90": [float(q) for q in np.percentile(draws[:, 0], [5, 95])],
             "torchrec": torchrec, "torchrec_interval_90": [float(q) for q in np.percentile(draws[:, 1], [5, 95])]}
+
+
+def run_job(config: Path, labels: tuple[str, ...], rotate: int, args, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), str(Path(__file__).resolve()),
+           "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup", str(args.warmup),
+           "--worker", str(config), ",".join(labels), str(rotate), str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{config.stem} {labels} job {rotate}: {proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixes", default=",".join(map(str, HELD_OUT)), help="held-out mixes of costmodel_bench.py, by index")
+    ap.add_argument("--jobs", type=int, default=3, help="jobs per group of plans, each building its models in a rotated order")
     ap.add_argument("--blocks", type=int, default=12, help="rounds; each gives every plan one block")
     ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
     ap.add_argument("--out", type=Path, default=RESULTS / "regret_paired.json")
-    ap.add_argument("--worker", nargs=3, metavar=("CONFIG", "PLANS", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=4, metavar=("CONFIG", "PLANS", "ROTATE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(Path(args.worker[0]), args.worker[1].split(","), args.blocks, args.block_steps, args.warmup, Path(args.worker[2]))
+        worker(Path(args.worker[0]), args.worker[1].split(","), int(args.worker[2]), args.blocks, args.block_steps, args.warmup,
+               Path(args.worker[3]))
         return 0
     try:
         mixes = [int(m) for m in args.mixes.split(",")]
     except ValueError:
         mixes = []
-    if not mixes or any(not 0 <= m < 12 for m in mixes) or args.blocks < 3 or args.block_steps < 2 or args.warmup < 0:
-        print("error: --mixes takes indices 0-11 (comma-separated), --blocks >= 3, --block-steps >= 2, --warmup >= 0", file=sys.stderr)
+    if (not mixes or any(not 0 <= m < 12 for m in mixes) or args.jobs < 1 or args.blocks < 3 or args.block_steps < 2
+            or args.warmup < 0):
+        print("error: --mixes takes indices 0-11 (comma-separated), --jobs >= 1, --blocks >= 3, --block-steps >= 2, --warmup >= 0",
+              file=sys.stderr)
         return 2
     if not args.out.parent.is_dir():
         print(f"error: --out {args.out}: its folder does not exist; create it or give another path", file=sys.stderr)
@@ -172,20 +200,15 @@ def main() -> int:
         for index in mixes:
             config = Path(tmp) / f"mix{index}.yaml"
             write_config(config, generate_mix(index), str(FITTED))
-            start, jobs = time.monotonic(), []
-            for g, labels in enumerate(GROUPS):
-                out = Path(tmp) / f"mix{index}_{g}.json"
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), str(Path(__file__).resolve()),
-                       "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup", str(args.warmup),
-                       "--worker", str(config), ",".join(labels), str(out)]
-                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-                if proc.returncode != 0:
-                    raise RuntimeError(f"mix{index} {labels}: {proc.stderr[-3000:]}")
-                jobs.append(json.loads(out.read_text()))
-            r = results[f"mix{index}"] = {**regret([j["steps_ms"] for j in jobs], rng), "jobs": jobs, "seconds": time.monotonic() - start}
+            start, jobs = time.monotonic(), [[] for _ in GROUPS]
+            for k in range(args.jobs):  # a round of every group's job k, so a slow hour falls on every group
+                for g, labels in enumerate(GROUPS):
+                    jobs[g].append(run_job(config, labels, k, args, Path(tmp) / f"mix{index}_{g}_{k}.json"))
+            r = results[f"mix{index}"] = {**regret([[j["steps_ms"] for j in group] for group in jobs], rng), "jobs": jobs,
+                                          "seconds": time.monotonic() - start}
             print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
-    doc = {"machine": platform.processor() or platform.machine(), "blocks": args.blocks, "block_steps": args.block_steps,
+    doc = {"machine": platform.processor() or platform.machine(), "jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
            "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print("| mix | fastest plan (its step / ours') | ours regret (90%) | TorchRec regret (90%) |\n|---|---|---|---|")
