@@ -84,9 +84,10 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     layouts = {label: layout_key(plan) for label, plan in plans.items()}
     distinct = list(dict.fromkeys(layouts.values()))
     steps = warmup + blocks * block_steps
+    build_order = distinct[rotate % len(distinct):] + distinct[:rotate % len(distinct)]
     with contextlib.ExitStack() as stack:
         runners, batches = {}, {}
-        for key in distinct[rotate % len(distinct):] + distinct[:rotate % len(distinct)]:
+        for key in build_order:
             plan = plans[next(label for label in labels if layouts[label] == key)]
             torch.manual_seed(run.train.seed)
             parts = build_parts(run, plan, device, rank, world, None, True)
@@ -112,15 +113,10 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
                     last = now
                 timed[key].append(ms[1:])
     if rank == 0:
-        out.write_text(json.dumps({"layouts": layouts, "built_first": plans_first(labels, layouts, distinct, rotate),
+        built_first = next(label for label in labels if layouts[label] == build_order[0])
+        out.write_text(json.dumps({"layouts": layouts, "built_first": built_first,
                                    "steps_ms": {label: timed[layouts[label]] for label in labels}}))
     end_rank(0)
-
-
-def plans_first(labels: list[str], layouts: dict[str, str], distinct: list[str], rotate: int) -> str:
-    """The label whose model a job built first."""
-    first = distinct[rotate % len(distinct)]
-    return next(label for label in labels if layouts[label] == first)
 
 
 def regret(groups: list[list[dict[str, list[list[float]]]]], rng: np.random.Generator) -> dict:
