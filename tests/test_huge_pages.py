@@ -34,7 +34,16 @@ def test_collapse_backs_the_tensor_with_huge_pages_and_keeps_it():
     if moved == 0 and refused in ("EAGAIN", "ENOMEM"):  # madvise(2): no huge page free now
         pytest.skip(f"the kernel has no free 2 MiB page now ({refused}): memory is fragmented")
     assert moved >= 20 << 20 and moved % HUGE_PAGE_BYTES == 0, f"collapsed {moved} bytes (madvise: {refused})"  # all but the unaligned ends
-    assert huge_bytes_around(t.data_ptr() + moved // 2) >= moved
+    # Under memory pressure the kernel may split huge pages again between the collapse and the
+    # read of smaps (it splits those it migrates or reclaims without a free 2 MiB page; seen once
+    # late in a full suite: 18 of 22 MiB).
+    # Then collapse again: what is asserted stays the whole range on huge pages.
+    middle = t.data_ptr() + moved // 2
+    for _ in range(3):
+        if huge_bytes_around(middle) >= moved:
+            break
+        assert collapse(t) == moved
+    assert huge_bytes_around(middle) >= moved
     assert torch.equal(t, before)
 
 
