@@ -17,7 +17,7 @@ pytestmark = pytest.mark.distributed
 
 def test_a_rank_ends_with_its_code_and_output_and_no_teardown():
     script = textwrap.dedent(f"""
-        import atexit, os, sys
+        import atexit, os
         import torch, torch.distributed as dist
         from dlrm_scale.training.rank_end import end_rank
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{_free_port()}")
