@@ -165,6 +165,7 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
     hint_placement(model, x, items, ranks, assignment)
     model.Minimize(sum(top))
     solver = solver_parameters(budget_s, deadline_s - time.monotonic(), seed)
-    if solver.Solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, solver.deterministic_time
-    return [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)], solver.deterministic_time
+    placed = None
+    if solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        placed = [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)]
+    return placed, solver.deterministic_time
