@@ -84,7 +84,7 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     layouts = {label: layout_key(plan) for label, plan in plans.items()}
     distinct = list(dict.fromkeys(layouts.values()))
     steps = warmup + blocks * block_steps
-    build_order = distinct[rotate % len(distinct):] + distinct[:rotate % len(distinct)]
+    build_order = rotated(distinct, rotate)
     with contextlib.ExitStack() as stack:
         runners, batches = {}, {}
         for key in build_order:
@@ -102,8 +102,7 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
                 runners[key].progress(batches[key])
         timed = {key: [] for key in distinct}  # [round][step] ms
         for r in range(blocks):
-            order = distinct[r % len(distinct):] + distinct[:r % len(distinct)]
-            for key in order:
+            for key in rotated(distinct, r):
                 dist.barrier()
                 ms, last = [], time.perf_counter()
                 for _ in range(block_steps):
@@ -119,33 +118,37 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     end_rank(0)
 
 
+def rotated(items: list, k: int) -> list:
+    return items[k % len(items):] + items[:k % len(items)]
+
+
 def regret(groups: list[list[dict[str, list[list[float]]]]], rng: np.random.Generator) -> dict:
     """`groups[g][k]`: job k of group g, each plan's steps by round. Each plan's median step
     over ours' in each job, the geometric mean over its group's jobs; ours' and TorchRec's over
     the fastest plan's, with 90% bootstrap intervals (a group's jobs resampled, and each
     drawn job's rounds, the same rounds for every plan of a job)."""
-    def over_ours(job, picks):
-        med = {p: float(np.median(np.concatenate([v[i] for i in picks]))) for p, v in job.items()}
+    def over_ours(job, picks=None):
+        med = {p: float(np.median(np.concatenate(v if picks is None else [v[i] for i in picks]))) for p, v in job.items()}
         return {p: m / med["ours"] for p, m in med.items()}
 
-    def pooled(jobs, draw=False):
-        if draw:
-            jobs = [jobs[k] for k in rng.integers(0, len(jobs), size=len(jobs))]
-        ratios = [over_ours(j, rng.integers(0, len(j["ours"]), size=len(j["ours"])) if draw else range(len(j["ours"])))
-                  for j in jobs]
+    def geometric_mean(ratios):  # [job] plan -> ratio  =>  plan -> ratio
         return {p: float(np.exp(np.mean([np.log(r[p]) for r in ratios]))) for p in ratios[0]}
+
+    def drawn(jobs):
+        jobs = [jobs[k] for k in rng.integers(0, len(jobs), size=len(jobs))]
+        return geometric_mean([over_ours(j, rng.integers(0, len(j["ours"]), size=len(j["ours"]))) for j in jobs])
 
     def summary(relative):  # plan -> its step over ours
         fastest = min(relative.values())
         return relative["ours"] / fastest, relative["torchrec"] / fastest
 
-    relative = {p: r for jobs in groups for p, r in pooled(jobs).items()}
-    draws = np.array([summary({p: r for jobs in groups for p, r in pooled(jobs, draw=True).items()})
-                      for _ in range(RESAMPLES)])
+    per_job = [[over_ours(j) for j in jobs] for jobs in groups]
+    relative = {p: r for ratios in per_job for p, r in geometric_mean(ratios).items()}
+    draws = np.array([summary({p: r for jobs in groups for p, r in drawn(jobs).items()}) for _ in range(RESAMPLES)])
     ours, torchrec = summary(relative)
-    per_job = {p: [over_ours(j, range(len(j["ours"])))[p] for j in jobs] for jobs in groups for p in jobs[0] if p != "ours"}
     # ours comes first in `relative`, so a plan only as fast as ours leaves ours the fastest
-    return {"fastest": min(relative, key=relative.get), "over_ours": relative, "over_ours_per_job": per_job,
+    return {"fastest": min(relative, key=relative.get), "over_ours": relative,
+            "over_ours_per_job": {p: [r[p] for r in ratios] for ratios in per_job for p in ratios[0] if p != "ours"},
             "median_step_ms_first_job": {p: float(np.median(np.concatenate(v))) for jobs in groups for p, v in jobs[0].items()},
             "ours": ours, "ours_interval_90": [float(q) for q in np.percentile(draws[:, 0], [5, 95])],
             "torchrec": torchrec, "torchrec_interval_90": [float(q) for q in np.percentile(draws[:, 1], [5, 95])]}
