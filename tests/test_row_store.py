@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import subprocess
 import sys
@@ -78,6 +80,32 @@ def test_the_ssd_store_reserves_its_disk_blocks_when_created(tmp_path):
     FileRowStore(4096, 8, 1, tmp_path / "t.f32")
     allocated = sum(f.stat().st_blocks * 512 for f in tmp_path.iterdir())
     assert allocated >= slow_tier_bytes(4096, 8, "rowwise_adagrad", "ssd", "cpu")
+
+
+def pages_in_page_cache(path) -> tuple[int, int]:
+    """(pages of the file at `path` the page cache holds, pages of the file): mincore(2) on a
+    mapping of it, which maps without faulting anything in."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        pages = -(-len(mm) // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # the temporary view is gone at once
+        assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(len(mm)), vec) == 0, ctypes.get_errno()
+        return sum(v & 1 for v in vec), pages
+
+
+@pytest.mark.skipif(tuple(int(x) for x in os.uname().release.split(".")[:2]) < (5, 14), reason="MADV_POPULATE_READ: Linux >= 5.14")
+@pytest.mark.parametrize("io", ["pread", "mapped", "direct"])
+def test_the_ssd_store_brings_its_log_into_the_page_cache_when_created(tmp_path, io):
+    # appends then write into pages the page cache already holds rather than allocating one a
+    # page mid-step; a store read with O_DIRECT is larger than the page cache and is left alone
+    try:
+        store = FileRowStore(8192, 8, 1, tmp_path / "t.f32", io=io)
+    except ConfigError:
+        pytest.skip(f"{tmp_path} cannot read with O_DIRECT")
+    held, pages = pages_in_page_cache(store.log_path)
+    assert held == (0 if io == "direct" else pages)
+    store.close()
 
 
 def test_a_store_the_disk_has_no_room_for_is_one_line(tmp_path):
