@@ -128,7 +128,9 @@ def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str |
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
                "--config", str(config), "--plan", str(plan), "--steps", str(steps), "--out-dir", out, "--store-dir", str(store_dir),
                *(["--store-io", store_io] if store_io else [])]
+        started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        job_s = time.perf_counter() - started
         if proc.returncode != 0:
             raise RuntimeError(f"training failed: {proc.stderr[-2000:]}")
         records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
@@ -146,6 +148,7 @@ def train(config: Path, plan: Path, steps: int, store_dir: Path, store_io: str |
         "auc": [r for r in records if "auc" in r][-1]["auc"],
         # per rank: the slower rank's median over the steady windows
         "phase_ms": {k: statistics.median(max(r["phase_ms"][k]) for r in steady) for k in ("emb_fwd", "tiering")},
+        "job_s": job_s,  # the whole job, start-up included (the stores' files created and warmed)
     }
     if cache:
         last = cache[len(cache) // 2:]
