@@ -24,6 +24,10 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
   (the same rounds for every plan of a job).
 
     python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--out JSON]
+    python benchmarks/regret_paired.py --pool A.json B.json [...] --out JSON   # trains nothing
+
+`--pool` scores the jobs of earlier runs together, mix by mix (the mixes every file holds), as
+if one run had made them all: each file's plans must be the same (their layouts are compared).
 
 Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes --out
 (default benchmarks/results/regret_paired.json) and prints a Markdown table for the README.
@@ -172,12 +176,18 @@ def main() -> int:
     ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
     ap.add_argument("--out", type=Path, default=RESULTS / "regret_paired.json")
+    ap.add_argument("--pool", nargs="+", type=Path, metavar="JSON", help="score earlier runs' jobs together; trains nothing")
     ap.add_argument("--worker", nargs=4, metavar=("CONFIG", "PLANS", "ROTATE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(Path(args.worker[0]), args.worker[1].split(","), int(args.worker[2]), args.blocks, args.block_steps, args.warmup,
                Path(args.worker[3]))
         return 0
+    if not args.out.parent.is_dir():
+        print(f"error: --out {args.out}: its folder does not exist; create it or give another path", file=sys.stderr)
+        return 2
+    if args.pool:
+        return pool(args.pool, args.out)
     try:
         mixes = [int(m) for m in args.mixes.split(",")]
     except ValueError:
@@ -186,9 +196,6 @@ def main() -> int:
             or args.warmup < 0):
         print("error: --mixes takes indices 0-11 (comma-separated), --jobs >= 1, --blocks >= 3, --block-steps >= 2, --warmup >= 0",
               file=sys.stderr)
-        return 2
-    if not args.out.parent.is_dir():
-        print(f"error: --out {args.out}: its folder does not exist; create it or give another path", file=sys.stderr)
         return 2
     if not FITTED.is_file():
         print(f"error: {FITTED.relative_to(ROOT)} is missing; run benchmarks/costmodel_bench.py first", file=sys.stderr)
@@ -210,12 +217,44 @@ def main() -> int:
     doc = {"machine": platform.processor() or platform.machine(), "jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
            "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print_table(results)
+    return 0
+
+
+def pool(paths: list[Path], out: Path) -> int:
+    """The jobs of the runs in `paths` scored together, mix by mix (those every run holds)."""
+    try:
+        docs = {p: json.loads(p.read_text()) for p in paths}
+        runs = [d["mixes"] for d in docs.values()]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: --pool: {e}; give JSON files this benchmark wrote", file=sys.stderr)
+        return 2
+    older = [str(p) for p, d in docs.items() if not isinstance(d.get("jobs"), int)]
+    if older:
+        print(f"error: --pool: {older[0]} was written before runs had several jobs; pool runs of this version", file=sys.stderr)
+        return 2
+    mixes = [m for m in runs[0] if all(m in r for r in runs[1:])]
+    results, rng = {}, np.random.default_rng(0)  # one generator over the mixes, as a run's
+    for m in mixes:
+        groups = [[job for r in runs for job in r[m]["jobs"][g]] for g in range(len(GROUPS))]
+        for g in groups:
+            if len({json.dumps(job["layouts"], sort_keys=True) for job in g}) > 1:
+                print(f"error: --pool: {m}'s runs trained different plans (their layouts differ); pool runs of the same planner",
+                      file=sys.stderr)
+                return 2
+        results[m] = {**regret([[job["steps_ms"] for job in g] for g in groups], rng),
+                      "jobs_pooled": len(groups[0])}
+    out.write_text(json.dumps({"pooled": [str(p) for p in paths], "mixes": results}, indent=1) + "\n")
+    print_table(results)
+    return 0
+
+
+def print_table(results: dict) -> None:
     print("| mix | fastest plan (its step / ours') | ours regret (90%) | TorchRec regret (90%) |\n|---|---|---|---|")
     for m, r in results.items():
         (a, b), (c, d) = r["ours_interval_90"], r["torchrec_interval_90"]
         print(f"| {m} | {r['fastest']} ({r['over_ours'][r['fastest']]:.3f}) | {r['ours']:.3f} ({a:.3f}-{b:.3f}) | "
               f"{r['torchrec']:.3f} ({c:.3f}-{d:.3f}) |")
-    return 0
 
 
 if __name__ == "__main__":
