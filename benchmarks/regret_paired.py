@@ -234,6 +234,9 @@ def pool(paths: list[Path], out: Path) -> int:
         print(f"error: --pool: {older[0]} was written before runs had several jobs; pool runs of this version", file=sys.stderr)
         return 2
     mixes = [m for m in runs[0] if all(m in r for r in runs[1:])]
+    if not mixes:
+        print("error: --pool: no mix is in every file; pool runs that measured the same mixes", file=sys.stderr)
+        return 2
     results, rng = {}, np.random.default_rng(0)  # one generator over the mixes, as a run's
     for m in mixes:
         groups = [[job for r in runs for job in r[m]["jobs"][g]] for g in range(len(GROUPS))]
