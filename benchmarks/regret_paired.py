@@ -21,7 +21,10 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
   collectives keep the ranks in step); each plan over ours in each job, the geometric mean of
   those over a group's jobs, and from those the regret: ours (or TorchRec's) over the fastest,
   with a 90% bootstrap interval resampling a group's jobs and, within each, its whole rounds
-  (the same rounds for every plan of a job).
+  (the same rounds for every plan of a job);
+- each plan's time per phase group on each rank (the trainer's phase timers over a block's
+  timed steps, the median over rounds and jobs) beside `simulate`'s prediction: where, within
+  one job, one plan's step is longer than another's.
 
     python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--out JSON]
     python benchmarks/regret_paired.py --pool A.json B.json [...] --out JSON   # trains nothing
@@ -69,6 +72,7 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
 
     from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
     from dlrm_scale.run_config import Overrides, load_run_config
+    from dlrm_scale.tools.simulate import simulate
     from dlrm_scale.train import init_distributed
     from dlrm_scale.training.build import build_parts
     from dlrm_scale.training.phases import step_runner
@@ -90,7 +94,7 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     steps = warmup + blocks * block_steps
     build_order = rotated(distinct, rotate)
     with contextlib.ExitStack() as stack:
-        runners, batches = {}, {}
+        runners, batches, timers = {}, {}, {}
         for key in build_order:
             plan = plans[next(label for label in labels if layouts[label] == key)]
             torch.manual_seed(run.train.seed)
@@ -99,26 +103,38 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
                 stack.callback(parts.cpu_kernel.close)
             parts.model.train()
             runners[key] = step_runner(run.train.pipeline, parts.model, parts.optimizer, device, parts.timer)
+            timers[key] = parts.timer
             batches[key] = stack.enter_context(batch_source(parts.data.batches(0, steps + 4), steps + 4, run.train.materialise_mib,
                                                             run.train.prefetch_batches, rank))
         for key in distinct:
             for _ in range(warmup):
                 runners[key].progress(batches[key])
         timed = {key: [] for key in distinct}  # [round][step] ms
+        phases = {key: [] for key in distinct}  # [round] phase -> ms a step, this rank's
         for r in range(blocks):
             for key in rotated(distinct, r):
                 dist.barrier()
+                timers[key].skip()
                 ms, last = [], time.perf_counter()
-                for _ in range(block_steps):
+                for i in range(block_steps):
                     runners[key].progress(batches[key])
                     now = time.perf_counter()
                     ms.append((now - last) * 1e3)
                     last = now
+                    if i == 0:  # the block's first step is left out of its phases too
+                        timers[key].take()
                 timed[key].append(ms[1:])
+                phases[key].append({p: s * 1e3 / (block_steps - 1) for p, s in timers[key].take().items()})
+        ranks_phases = [None] * world
+        dist.all_gather_object(ranks_phases, phases)
     if rank == 0:
         built_first = next(label for label in labels if layouts[label] == build_order[0])
+        predicted = {label: [r.phases_ms for r in simulate(plan, run.problem, run.model, run.train.dense_optimizer).ranks]
+                     for label, plan in plans.items()}
         out.write_text(json.dumps({"layouts": layouts, "built_first": built_first,
-                                   "steps_ms": {label: timed[layouts[label]] for label in labels}}))
+                                   "steps_ms": {label: timed[layouts[label]] for label in labels},
+                                   "phases_ms": {label: [p[layouts[label]] for p in ranks_phases] for label in labels},
+                                   "predicted_ms": predicted}))
     end_rank(0)
 
 
@@ -156,6 +172,34 @@ def regret(groups: list[list[dict[str, list[list[float]]]]], rng: np.random.Gene
             "median_step_ms_first_job": {p: float(np.median(np.concatenate(v))) for jobs in groups for p, v in jobs[0].items()},
             "ours": ours, "ours_interval_90": [float(q) for q in np.percentile(draws[:, 0], [5, 95])],
             "torchrec": torchrec, "torchrec_interval_90": [float(q) for q in np.percentile(draws[:, 1], [5, 95])]}
+
+
+def phase_summary(groups: list[list[dict]]) -> dict:
+    """Each plan's time per phase group (as `simulate` groups the timers), per rank: the median
+    over its jobs' rounds, beside the prediction; jobs that predate the phase timers are left out."""
+    from dlrm_scale.tools.simulate import PHASE_GROUPS
+
+    out = {}
+    for jobs in groups:
+        jobs = [j for j in jobs if "phases_ms" in j]
+        for label in (jobs[0]["phases_ms"] if jobs else ()):
+            if label in out:
+                continue
+            ranks = len(jobs[0]["phases_ms"][label])
+            out[label] = {"measured_ms": [{g: float(np.median([sum(rnd[p] for p in phases) for j in jobs for rnd in j["phases_ms"][label][r]]))
+                                           for g, phases in PHASE_GROUPS.items()} for r in range(ranks)],
+                          "predicted_ms": jobs[0]["predicted_ms"][label], "jobs": len(jobs)}
+    return out
+
+
+def print_phases(results: dict) -> None:
+    from dlrm_scale.tools.simulate import PHASE_GROUPS
+
+    print("| mix | plan | rank | " + " | ".join(PHASE_GROUPS) + " |\n|---|---|---|" + "---|" * len(PHASE_GROUPS))
+    for m, r in results.items():
+        for label, ph in r.get("phases", {}).items():
+            for rank, (meas, pred) in enumerate(zip(ph["measured_ms"], ph["predicted_ms"])):
+                print(f"| {m} | {label} | {rank} | " + " | ".join(f"{meas[g]:.1f} ({pred[g]:.1f})" for g in PHASE_GROUPS) + " |")
 
 
 def run_job(config: Path, labels: tuple[str, ...], rotate: int, args, out: Path) -> dict:
@@ -210,14 +254,15 @@ def main() -> int:
             for k in range(args.jobs):  # a round of every group's job k, so a slow hour falls on every group
                 for g, labels in enumerate(GROUPS):
                     jobs[g].append(run_job(config, labels, k, args, Path(tmp) / f"mix{index}_{g}_{k}.json"))
-            r = results[f"mix{index}"] = {**regret([[j["steps_ms"] for j in group] for group in jobs], rng), "jobs": jobs,
-                                          "seconds": time.monotonic() - start}
+            r = results[f"mix{index}"] = {**regret([[j["steps_ms"] for j in group] for group in jobs], rng),
+                                          "phases": phase_summary(jobs), "jobs": jobs, "seconds": time.monotonic() - start}
             print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
     doc = {"machine": platform.processor() or platform.machine(), "jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
            "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print_table(results)
+    print_phases(results)
     return 0
 
 
@@ -246,9 +291,10 @@ def pool(paths: list[Path], out: Path) -> int:
                       file=sys.stderr)
                 return 2
         results[m] = {**regret([[job["steps_ms"] for job in g] for g in groups], rng),
-                      "jobs_pooled": len(groups[0])}
+                      "phases": phase_summary(groups), "jobs_pooled": len(groups[0])}
     out.write_text(json.dumps({"pooled": [str(p) for p in paths], "mixes": results}, indent=1) + "\n")
     print_table(results)
+    print_phases(results)
     return 0
 
 
