@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from dlrm_scale.tools.calibrate import fit_comms, fit_embedding
+from dlrm_scale.kernels import cpu_adagrad
+from dlrm_scale.kernels.cpu_extension import built
+from dlrm_scale.tools.calibrate import CalibrationConfig, embedding_samples, fit_comms, fit_embedding
 from dlrm_scale.tools.fit import nonnegative_lstsq
 from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
 from tests.conftest import make_cluster
@@ -32,6 +34,26 @@ def test_embedding_fit_recovers_the_cost_model_constants():
     assert fit["lookup_bwd_ns"] == pytest.approx(bwd_ns, rel=1e-6)
     assert fit["lookup_bwd_row_ns"] == pytest.approx(row_ns, rel=1e-6)
     assert fit["ddr_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("embeddings", ["fbgemm", "dlrm_scale"])
+def test_embedding_samples_time_the_kernel_the_trainer_will_run(embeddings, monkeypatch):
+    if embeddings == "dlrm_scale" and not built():
+        pytest.skip("no compiler: the trainer runs FBGEMM's kernel")
+    calls = []
+    ours = cpu_adagrad._backward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_adagrad, "_backward", counted)  # registered when installed: counts our kernel's calls
+    cfg = CalibrationConfig(batch_size=64, dims=(8,), pooling_factors=(1, 4), rows=(1000,), repeats=2)
+    samples = embedding_samples(cfg, embeddings)
+    assert [(s["dim"], s["pooling"]) for s in samples] == [(8, 1), (8, 4)]
+    assert all(s["fwd_ms"] > 0 and s["bwd_ms"] > 0 and 0 < s["distinct"] <= s["lookups"] for s in samples)
+    # each sample's backward runs once per batch after a warm-up: 3 calls, 2 samples
+    assert len(calls) == (6 if embeddings == "dlrm_scale" else 0)
 
 
 def test_comms_fit_recovers_latency_bandwidth_and_summing():

@@ -21,7 +21,9 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +64,11 @@ class CalibrationConfig:
             raise ConfigError("calibrate: repeats must be >= 1")
 
 
-def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> list[dict]:
+def embedding_samples(cfg: CalibrationConfig, embeddings: str, progress: tqdm | None = None) -> list[dict]:
+    """FBGEMM's table-batched forward and backward (fused optimizer) timed as the trainer will
+    run them: with `embeddings` (run_config.CPU_EMBEDDINGS) our row-wise Adagrad kernel and
+    huge-page tables, or FBGEMM's kernel on the allocator's pages; and a fresh batch of ids
+    every call, as training draws them (one batch repeated would find its rows in the caches)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -74,10 +80,11 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
     from dlrm_scale.kernels.huge_pages import back_with_huge_pages
 
     optimizer = {"rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "sgd": EmbOptimType.EXACT_SGD}[cfg.optimizer]
+    ours = embeddings == "dlrm_scale"
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     samples = []
-    kernel = install_cpu_adagrad(cfg.optimizer)
+    kernel = install_cpu_adagrad(cfg.optimizer) if ours else None
     try:
         for rows in cfg.rows:
             # ids as the training data draws them: the backward's cost depends on how many repeat
@@ -86,26 +93,38 @@ def embedding_samples(cfg: CalibrationConfig, progress: tqdm | None = None) -> l
                 tbe = SplitTableBatchedEmbeddingBagsCodegen(
                     [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=optimizer, learning_rate=0.01
                 )
-                back_with_huge_pages(tbe)
+                if ours:
+                    back_with_huge_pages(tbe)
                 for pooling in cfg.pooling_factors:
                     lookups = cfg.batch_size * pooling
-                    ids = torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64))
+                    batches = [torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64)) for _ in range(2 * (cfg.repeats + 1))]
                     offsets = torch.arange(0, lookups + 1, pooling)
-                    fwd = time_ms(lambda: tbe(ids, offsets), cfg.repeats)
+                    fwd = _time_batches(lambda ids: tbe(ids, offsets), batches[: cfg.repeats + 1])
 
-                    def step():
+                    def step(ids):
                         out = tbe(ids, offsets)
                         out.backward(torch.ones_like(out))
 
-                    both = time_ms(step, cfg.repeats)
+                    both = _time_batches(step, batches[cfg.repeats + 1:])
+                    distinct = statistics.mean(len(torch.unique(ids)) for ids in batches[1:])
                     samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
-                                    "distinct": int(len(torch.unique(ids))), "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
+                                    "distinct": int(distinct), "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
                     if progress:
                         progress.update(1)
     finally:
         if kernel is not None:
             kernel.close()
     return samples
+
+
+def _time_batches(fn, batches: list) -> float:
+    """Mean ms per call of `fn` on each of `batches` after the first (a warm-up call: first-touch
+    allocation)."""
+    fn(batches[0])
+    start = time.perf_counter()
+    for batch in batches[1:]:
+        fn(batch)
+    return (time.perf_counter() - start) / (len(batches) - 1) * 1e3
 
 
 EMBEDDING_CONSTANTS = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s")
@@ -366,14 +385,15 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         raise ConfigError(f"calibrate: folder {out.parent} does not exist; create it or choose another --out")
     total = len(cfg.rows) * len(cfg.dims) * len(cfg.pooling_factors) + 5
     with tqdm(total=total, desc="calibrating", unit="bench") as progress:
-        emb = embedding_samples(cfg, progress)
+        # the kernels first: the lookups' constants are those of the kernel the trainer will run
+        kernels, kernel_times = choose_cpu_kernels(store_directory=out.parent)
+        emb = embedding_samples(cfg, kernels["embeddings"], progress)
         comms = comm_samples(cfg)
         progress.update(1)
         gflops = dense_gflops()
         progress.update(1)
         update_ns = replica_update_ns(cfg)
         progress.update(1)
-        kernels, kernel_times = choose_cpu_kernels(store_directory=out.parent)
         store = store_samples_on_ranks(out.parent, cfg.nproc, io=kernels["store_io"])  # the store as it will read
         progress.update(1)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
