@@ -37,6 +37,10 @@ QUANTITIES = ("ids", "distinct_rows", "distinct_bytes", "id_weights", "tables")
 MIN_PHASE_MS = 2.0  # ranks under this are mostly launch costs and timer noise
 
 
+class OtherPlans(Exception):
+    """The runs trained plans other than those the planner makes now."""
+
+
 def rank_quantities(plan, problem) -> list[dict[str, float]]:
     """Per rank, the quantities of the table-wise shards it holds, per step."""
     from planner.cost_model import WEIGHT_BYTES, distinct_rows_per_step
@@ -75,7 +79,7 @@ def table_wise_pairs(paths: list[Path]) -> list[dict]:
                     plan = (make_plan(problem) if label == "ours" else
                             torchrec_planner_plan(problem)[0] if label == "torchrec" else given_plan(problem, label))
                     if layout_key(plan) != layouts[label]:
-                        raise SystemExit(f"error: {path}: {mix}'s {label} plan is not the one its run trained; "
+                        raise OtherPlans(f"{path}: {mix}'s {label} plan is not the one its run trained; "
                                          "give runs of this planner and profile")
                     measured = [r["embedding"] for r in phases["measured_ms"]]
                     if ({t.sharding_type for t in plan.tables.values()} != {"table_wise"} or layouts[label] in seen
@@ -117,7 +121,14 @@ def main() -> int:
         print(f"error: {missing[0] if missing else args.out.parent}: no such file or folder; give regret_paired.py's JSON "
               "and an existing --out folder", file=sys.stderr)
         return 2
-    pairs = table_wise_pairs(args.runs)
+    try:
+        pairs = table_wise_pairs(args.runs)
+    except OtherPlans as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or not regret_paired.py's
+        print(f"error: {e!r} reading the runs; give JSON files regret_paired.py wrote", file=sys.stderr)
+        return 2
     if not any(p["mix"] % 2 == 0 for p in pairs) or not any(p["mix"] % 2 == 1 for p in pairs):
         print("error: the runs need table-wise plans of both halves (even and odd mixes) with phase timers; "
               "run regret_paired.py on mixes of both", file=sys.stderr)
