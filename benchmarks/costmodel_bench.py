@@ -46,6 +46,7 @@ from dlrm_scale.tools.runs import load_run  # noqa: E402
 from planner.config import hardware_path  # noqa: E402
 from planner.errors import ConfigError  # noqa: E402
 from planner.plan import Plan, table_layout, uniform_plan  # noqa: E402
+from planner.planning import make_plan  # noqa: E402
 from planner.specs import PlanningProblem  # noqa: E402
 from planner.types import ShardingType  # noqa: E402
 from dlrm_scale.run_config import load_problem  # noqa: E402
@@ -108,6 +109,18 @@ def given_plan(problem: PlanningProblem, label: str) -> Plan | None:
     if label == "mostly_data_parallel":
         return mostly_data_parallel(problem)
     return uniform_plan(problem, ShardingType(label))
+
+
+def plan_for(problem: PlanningProblem, label: str) -> Plan:
+    """The plan a label trains, made here as the trainer makes ours and TorchRec's at start
+    (`--planner ours / torchrec`)."""
+    if label == "ours":
+        return make_plan(problem)
+    if label == "torchrec":
+        from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
+
+        return torchrec_planner_plan(problem)[0]
+    return given_plan(problem, label)
 
 
 def train(config: Path, steps: int, label: str, plan: Plan | None, out: Path, log) -> None:

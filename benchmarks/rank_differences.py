@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import RESULTS, WORLD, generate_mix, given_plan, layout_key, write_config  # noqa: E402
+from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config  # noqa: E402
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 QUANTITIES = ("ids", "distinct_rows", "distinct_bytes", "id_weights", "tables")
@@ -61,9 +61,7 @@ def rank_quantities(plan, problem) -> list[dict[str, float]]:
 
 
 def table_wise_pairs(paths: list[Path]) -> list[dict]:
-    from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
     from dlrm_scale.run_config import Overrides, load_run_config
-    from planner.planning import make_plan
 
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +74,7 @@ def table_wise_pairs(paths: list[Path]) -> list[dict]:
                 layouts = {label: key for group in result["jobs"] for job in group for label, key in job["layouts"].items()}
                 seen = set()
                 for label, phases in result.get("phases", {}).items():
-                    plan = (make_plan(problem) if label == "ours" else
-                            torchrec_planner_plan(problem)[0] if label == "torchrec" else given_plan(problem, label))
+                    plan = plan_for(problem, label)
                     if layout_key(plan) != layouts[label]:
                         raise OtherPlans(f"{path}: {mix}'s {label} plan is not the one its run trained; "
                                          "give runs of this planner and profile")

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import RESULTS, WORLD, generate_mix, given_plan, layout_key, write_config  # noqa: E402
+from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config  # noqa: E402
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 HELD_OUT = (1, 3, 5, 7, 9, 11)
@@ -70,7 +69,6 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     import torch
     import torch.distributed as dist
 
-    from dlrm_scale.bridge.torchrec_cost import torchrec_planner_plan
     from dlrm_scale.run_config import Overrides, load_run_config
     from dlrm_scale.tools.simulate import simulate
     from dlrm_scale.train import init_distributed
@@ -79,16 +77,14 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     from dlrm_scale.training.prefetch import batch_source
     from dlrm_scale.training.rank_end import end_rank
     from planner.plan import Plan
-    from planner.planning import make_plan
 
     rank, world, device = init_distributed()
     run = load_run_config(config, Overrides(world_size=world, ranks_per_node=int(os.environ["LOCAL_WORLD_SIZE"]), device="cpu"))
-    box = [None, None]
-    if rank == 0:  # as the trainer plans at start (--planner ours / torchrec)
-        box = [make_plan(run.problem).to_dict(), torchrec_planner_plan(run.problem)[0].to_dict() if "torchrec" in labels else None]
+    box = [None]
+    if rank == 0:  # ours and TorchRec's planned once, as the trainer plans at start
+        box = [{label: plan_for(run.problem, label).to_dict() for label in labels}]
     dist.broadcast_object_list(box, src=0)
-    planned = {"ours": box[0], "torchrec": box[1]}
-    plans = {label: Plan.from_dict(planned[label]) if label in planned else given_plan(run.problem, label) for label in labels}
+    plans = {label: Plan.from_dict(doc) for label, doc in box[0].items()}
     layouts = {label: layout_key(plan) for label, plan in plans.items()}
     distinct = list(dict.fromkeys(layouts.values()))
     steps = warmup + blocks * block_steps

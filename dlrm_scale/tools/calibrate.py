@@ -23,7 +23,6 @@ import shutil
 import socket
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,13 +98,14 @@ def embedding_samples(cfg: CalibrationConfig, embeddings: str, progress: tqdm | 
                     lookups = cfg.batch_size * pooling
                     batches = [torch.from_numpy(zipf.sample(lookups, rng).astype(np.int64)) for _ in range(2 * (cfg.repeats + 1))]
                     offsets = torch.arange(0, lookups + 1, pooling)
-                    fwd = _time_batches(lambda ids: tbe(ids, offsets), batches[: cfg.repeats + 1])
+                    fresh = iter(batches)  # time_ms makes a warm-up call, then cfg.repeats: each takes the next batch
+                    fwd = time_ms(lambda: tbe(next(fresh), offsets), cfg.repeats)
 
-                    def step(ids):
-                        out = tbe(ids, offsets)
+                    def step():
+                        out = tbe(next(fresh), offsets)
                         out.backward(torch.ones_like(out))
 
-                    both = _time_batches(step, batches[cfg.repeats + 1:])
+                    both = time_ms(step, cfg.repeats)
                     distinct = statistics.mean(len(torch.unique(ids)) for ids in batches[1:])
                     samples.append({"rows": rows, "dim": dim, "pooling": pooling, "lookups": lookups,
                                     "distinct": int(distinct), "fwd_ms": fwd, "bwd_ms": max(both - fwd, 1e-6)})
@@ -115,16 +115,6 @@ def embedding_samples(cfg: CalibrationConfig, embeddings: str, progress: tqdm | 
         if kernel is not None:
             kernel.close()
     return samples
-
-
-def _time_batches(fn, batches: list) -> float:
-    """Mean ms per call of `fn` on each of `batches` after the first (a warm-up call: first-touch
-    allocation)."""
-    fn(batches[0])
-    start = time.perf_counter()
-    for batch in batches[1:]:
-        fn(batch)
-    return (time.perf_counter() - start) / (len(batches) - 1) * 1e3
 
 
 EMBEDDING_CONSTANTS = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s")
