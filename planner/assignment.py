@@ -31,6 +31,8 @@ class RankLoads:
         return cls(np.zeros(world_size), np.zeros((world_size, len(TIERS)), dtype=np.int64))
 
     def add(self, option: ShardingOption, ranks: list[int], sign: int = 1) -> None:
+        if option.every_rank_ms:
+            self.ms += sign * option.every_rank_ms
         if len(set(ranks)) == len(ranks):  # the common case, and np.add.at costs microseconds a call
             self.ms[ranks] += sign * option.shard_ms
             self.bytes[ranks] += sign * option.shard_bytes
@@ -47,6 +49,7 @@ class RankLoads:
             ranks = np.concatenate([np.asarray(assignment.shard_ranks[t], dtype=np.int64) for t in assignment.choice])
             loads.ms = np.bincount(ranks, weights=np.concatenate([o.shard_ms for o in assignment.choice.values()]), minlength=world_size)
             np.add.at(loads.bytes, ranks, np.concatenate([o.shard_bytes for o in assignment.choice.values()]))
+            loads.ms += sum(o.every_rank_ms for o in assignment.choice.values())
         return loads
 
 

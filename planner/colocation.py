@@ -118,10 +118,12 @@ def _front(per_member: list[list[tuple[str, ShardingOption]]]) -> list[tuple]:
 
 
 def _combined(name: str, combo) -> ShardingOption:
-    perf, storage = Perf(), Storage()
+    perf, storage, shared = Perf(), Storage(), Perf()
     for _, option in combo:
         perf, storage = perf + option.shards[0].perf, storage + option.shards[0].storage
+        shared = shared + option.every_rank
     first = combo[0][1]
     rows = sum(o.geometries[0].rows for _, o in combo)
     return replace(first, table=name, sharding_type=ShardingType.TABLE_WISE, geometries=(ShardGeometry(0, 0, rows, first.geometries[0].cols),),
-                   shards=(ShardCost(perf, storage),), cache_fraction=min(o.cache_fraction for _, o in combo))
+                   shards=(ShardCost(perf, storage),), cache_fraction=min(o.cache_fraction for _, o in combo), every_rank=shared,
+                   ranks_sharing=max(o.ranks_sharing for _, o in combo))

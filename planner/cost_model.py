@@ -177,6 +177,31 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     return max(intra, inter)
 
 
+# The schemes whose shards send their pooled sums, and take their ids, by all-to-all (row blocks
+# reduce-scatter instead, and replicas all-reduce: every rank already pays those alike).
+ALL_TO_ALL_SCHEMES = frozenset({ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE})
+
+
+def exchange_shares(cluster: ClusterSpec) -> tuple[float, float]:
+    """How an all-to-all shard's collective work (its ids in, its sums out, their gradients back)
+    falls on the ranks: (the share on its own rank, the share on every rank, its own included).
+
+    Over links that send and receive at once (NVLink, InfiniBand: a GPU cluster), a rank's time
+    follows what it sends, so all of it falls on the shard's rank: (1, 0). On a host (gloo on
+    CPUs) a rank copies what it receives as it copies what it sends, and the collective ends on
+    all ranks together; half the work is the shard's rank's (the (W-1)/W it sends), half the
+    other W-1 ranks' (the 1/W each receives): every rank 1/(2(W-1)), its own (W-2)/(2(W-1))
+    more. On 2 ranks that is half on each, wherever the shard is; measured side by side there
+    (benchmarks/regret_paired.py, mix5, 12 tables of one dim), a plan with 8 and 4 tables on its
+    ranks took 6.4 and 6.2 ms in the forward all-to-all, one with 6 and 6 took 6.1 and 6.3.
+    """
+    world = cluster.world_size
+    if cluster.device != "cpu" or world < 2:
+        return 1.0, 0.0
+    every = 1.0 / (2 * (world - 1))
+    return (world - 2) * every, every
+
+
 def input_distribution_ms(num_ids: float, cluster: ClusterSpec, bucketized_ids: float = 0.0) -> float:
     """Routing a shard's ids to it: the int64 ids over the all-to-all, plus host-side work per
     id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU) and
@@ -321,18 +346,24 @@ class AnalyticCostModel:
 
     def estimate(self, requests: Sequence[OptionRequest]) -> list[ShardingOption]:
         options = []
+        own_share, every_share = exchange_shares(self.cluster)
         for req in requests:
-            cache: dict[tuple[int, int], ShardCost] = {}  # RW and DP repeat one block shape on many ranks
-            shards = []
+            cache: dict[tuple[int, int], tuple[ShardCost, Perf]] = {}  # RW and DP repeat one block shape on many ranks
+            shards, shared = [], Perf()
+            split = req.sharding_type in ALL_TO_ALL_SCHEMES and every_share > 0
             for g in req.geometries:
                 key = (g.rows, g.cols)
-                cost = cache.get(key)
-                if cost is None:
-                    cost = cache[key] = ShardCost(self.shard_perf(req, g), self.shard_storage(req, g))
+                if key not in cache:
+                    perf = self.shard_perf(req, g)
+                    on_all = perf.comms_scaled(every_share) if split else Perf()
+                    own = perf + perf.comms_scaled(own_share - 1.0) if split else perf
+                    cache[key] = ShardCost(own, self.shard_storage(req, g)), on_all
+                cost, on_all = cache[key]
                 shards.append(cost)
+                shared = shared + on_all
             options.append(
                 ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries,
-                               tuple(shards), req.cache_fraction)
+                               tuple(shards), req.cache_fraction, shared, self.cluster.world_size if split else 0)
             )
         return options
 

@@ -109,6 +109,7 @@ def solve_joint(
         for k, o in enumerate(options):
             choose = model.NewBoolVar(f"c[{table},{k}]")
             chooses.append(choose)
+            share_every_rank(load, o, choose, unit_ms)
             if o.placement is Placement.EVERY_RANK:
                 for r, shard in enumerate(o.shards):
                     charge(r, shard, choose, table)
@@ -179,6 +180,14 @@ def solve_joint(
         else:
             out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in extra[1]]
     return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
+
+
+def share_every_rank(load: list[list], option: ShardingOption, choose, unit_ms: float) -> None:
+    """What `option` costs every rank (ShardingOption.every_rank), on each rank's load when chosen."""
+    ticks = to_ticks(option.every_rank_ms, unit_ms)
+    if ticks:
+        for terms in load:
+            terms.append((ticks, choose))
 
 
 def _rank_literals(model: cp_model.CpModel, table: str, k: int, i: int, choose, rules: RankRules, world: int) -> dict:
@@ -289,6 +298,7 @@ class ClassModel:
                 choose = model.NewBoolVar(f"c[{table},{k}]")
                 chooses.append(choose)
                 model.AddHint(choose, hint.choice.get(table) is o)
+                share_every_rank(load, o, choose, unit_ms)
                 def place(rank: int, i: int, lit) -> None:
                     load[rank].append((to_ticks(float(o.shard_ms[i]), unit_ms), lit))
                     hold(rank, o.shard_bytes[i], lit)
@@ -441,6 +451,7 @@ def _hinted_peak_ticks(hint: Assignment, world: int, unit_ms: float) -> int:
     """The busiest rank of the hint as the model counts it (each shard's cost in ticks)."""
     ticks = [0] * world
     for table, o in hint.choice.items():
+        ticks = [t + to_ticks(o.every_rank_ms, unit_ms) for t in ticks]
         for i, r in enumerate(hint.shard_ranks[table]):
             ticks[r] += to_ticks(float(o.shard_ms[i]), unit_ms)
     return max(ticks)

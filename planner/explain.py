@@ -89,7 +89,7 @@ def force(option: ShardingOption, others: RankLoads, caps: np.ndarray, cluster: 
         short = [t for i, t in enumerate(TIERS) if after[i] > caps[i] * cluster.world_size] or [
             t for i, t in enumerate(TIERS) if option.shard_bytes[:, i].max() > 0]
         return Forced(option, None, None, f"{short[0] if short else 'memory'} has no room for its shards")
-    ms = others.ms.copy()
+    ms = others.ms + option.every_rank_ms
     np.add.at(ms, ranks, option.shard_ms)
     busiest = int(ms.argmax())
     return Forced(option, ranks, float(ms.max()), f"binds on rank {busiest}")
@@ -125,11 +125,11 @@ def explain(plan: Plan, problem: PlanningProblem, cost_model: CostModel, table: 
     phases = {"input_dist": 0.0, "fwd_compute": 0.0, "fwd_comms": 0.0, "bwd_compute": 0.0, "bwd_comms": 0.0}
     on_critical: dict[str, float] = {}
     for name, option in costed.items():
-        for rank, shard in zip(plan.tables[name].ranks, option.shards):
-            if rank == critical:
-                on_critical[name] = on_critical.get(name, 0.0) + shard.perf.total_ms
-                for key in phases:
-                    phases[key] += getattr(shard.perf, f"{key}_ms")
+        on_rank = [shard.perf for rank, shard in zip(plan.tables[name].ranks, option.shards) if rank == critical]
+        for perf in on_rank + ([option.every_rank] if option.every_rank_ms else []):
+            on_critical[name] = on_critical.get(name, 0.0) + perf.total_ms
+            for key in phases:
+                phases[key] += getattr(perf, f"{key}_ms")
     caps = rank_capacities(cluster)
     names = [table] if table is not None else list(plan.tables)
     # every option, those the constraints forbid included: forcing one shows what the constraint costs

@@ -65,6 +65,7 @@ def phase_loads(assignment: Assignment, world_size: int) -> np.ndarray:
     loads = np.zeros((world_size, len(PHASES)))
     for table, option in assignment.choice.items():
         np.add.at(loads, assignment.shard_ranks[table], shard_phase_ms(option))
+        loads += perf_phase_ms(option.every_rank)
     return loads
 
 

@@ -150,6 +150,8 @@ def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model:
     for table in problem.tables:
         option, ranks = solution.assignment.choice[table.name], solution.assignment.shard_ranks[table.name]
         tables[table.name] = option_layout(option, ranks, table)
+        if option.every_rank_ms:
+            perf = [p + option.every_rank for p in perf]
         for shard, rank in zip(option.shards, ranks):
             perf[rank] = perf[rank] + shard.perf
             memory[rank] = memory[rank] + shard.storage

@@ -40,6 +40,7 @@ def rank_times_ms(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -
     per_rank = np.zeros(plan.world_size)
     for name, option in costed_options(plan, problem, cost_model):
         np.add.at(per_rank, plan.tables[name].ranks, option.shard_ms)
+        per_rank += option.every_rank_ms
     return per_rank
 
 
@@ -48,6 +49,8 @@ def rank_breakdown(plan: Plan, problem: PlanningProblem, cost_model: CostModel) 
     perf = [Perf() for _ in range(plan.world_size)]
     storage = [Storage() for _ in range(plan.world_size)]
     for name, option in costed_options(plan, problem, cost_model):
+        if option.every_rank_ms:
+            perf = [p + option.every_rank for p in perf]
         for rank, shard in zip(plan.tables[name].ranks, option.shards):
             perf[rank] = perf[rank] + shard.perf
             storage[rank] = storage[rank] + shard.storage

@@ -75,6 +75,10 @@ class Perf:
             self.input_dist_ms + other.input_dist_ms,
         )
 
+    def comms_scaled(self, factor: float) -> Perf:
+        """Only the collectives' parts, times `factor`."""
+        return Perf(0.0, self.fwd_comms_ms * factor, 0.0, self.bwd_comms_ms * factor, self.input_dist_ms * factor)
+
 
 TIERS = ("hbm", "ddr", "ssd")
 
@@ -132,6 +136,10 @@ class ShardingOption:
     geometries: tuple[ShardGeometry, ...]
     shards: tuple[ShardCost, ...]  # the cost of each shard, in the order of `geometries`
     cache_fraction: float = 1.0  # < 1: rows live in `tier`, this fraction cached in the device tier
+    # What the option costs every one of `ranks_sharing` ranks wherever its shards are: on a host,
+    # the other ranks' part of its shards' collectives (cost_model.exchange_shares); none by default.
+    every_rank: Perf = Perf()
+    ranks_sharing: int = 0
     placement: Placement = field(init=False)
 
     def __post_init__(self) -> None:
@@ -154,14 +162,19 @@ class ShardingOption:
         return np.array(self._per_shard(lambda s: [s.storage.of_tier(t) for t in TIERS]), dtype=np.int64)
 
     @cached_property
+    def every_rank_ms(self) -> float:
+        """Time the option adds to every rank, beside its shards' own (`every_rank`)."""
+        return self.every_rank.total_ms
+
+    @cached_property
     def total_ms(self) -> float:
-        """Summed time over all shards: the work this option adds to the cluster."""
-        return float(self.shard_ms.sum())
+        """Summed time over all shards and the ranks sharing their cost: the work this option adds to the cluster."""
+        return float(self.shard_ms.sum()) + self.ranks_sharing * self.every_rank_ms
 
     @cached_property
     def max_shard_ms(self) -> float:
-        """Time of the costliest shard: no rank holding it can finish sooner."""
-        return float(self.shard_ms.max())
+        """Time of the costliest shard with what every rank carries: no rank holding it can finish sooner."""
+        return float(self.shard_ms.max()) + self.every_rank_ms
 
     @property
     def label(self) -> str:

@@ -99,6 +99,11 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
     storage = [Storage() for _ in range(world)]
     for name, option in costed_options(plan, problem, cost_model):
         replica = plan.tables[name].sharding_type == "data_parallel"
+        shared = option.every_rank
+        for p in phases if option.every_rank_ms else ():
+            p["input_dist"] += shared.input_dist_ms
+            p["a2a_fwd"] += shared.fwd_comms_ms
+            p["a2a_bwd"] += shared.bwd_comms_ms
         for rank, shard, g in zip(plan.tables[name].ranks, option.shards, option.geometries):
             p, perf = phases[rank], shard.perf
             p["input_dist"] += perf.input_dist_ms
