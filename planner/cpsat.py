@@ -91,6 +91,7 @@ def solve_joint(
     caps = {t: cluster.capacity_bytes_per_rank(t) // KIB for t in tiers}
     model = cp_model.CpModel()
     load = [[] for _ in range(world)]  # (coefficient, literal) per rank
+    shared = []  # (coefficient, literal) on every rank
     mem = {t: [[] for _ in range(world)] for t in tiers}
     decode = []  # (table, option, choose, per-shard {rank: literal} or node literals)
     present: dict[tuple[str, int], list] = {}  # (kept-apart table, rank) -> literals putting a shard there
@@ -109,7 +110,7 @@ def solve_joint(
         for k, o in enumerate(options):
             choose = model.NewBoolVar(f"c[{table},{k}]")
             chooses.append(choose)
-            share_every_rank(load, o, choose, unit_ms)
+            every_rank_term(shared, o, choose, unit_ms, hint.choice.get(table) is o)
             if o.placement is Placement.EVERY_RANK:
                 for r, shard in enumerate(o.shards):
                     charge(r, shard, choose, table)
@@ -137,6 +138,7 @@ def solve_joint(
                 decode.append((table, o, choose, ("shards", per_shard)))
         model.AddExactlyOne(chooses)
     keep_apart(model, present, rules, range(world))
+    charge_every_rank(model, load, shared)
 
     horizon = sum(max(to_ticks(o.max_shard_ms, unit_ms) * len(o.shards) for o in opts) for opts in options_by_table.values())
     # A bound proven elsewhere lets the search stop once it is within `relative_gap` of it.
@@ -182,12 +184,23 @@ def solve_joint(
     return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
 
 
-def share_every_rank(load: list[list], option: ShardingOption, choose, unit_ms: float) -> None:
-    """What `option` costs every rank (ShardingOption.every_rank), on each rank's load when chosen."""
+def every_rank_term(shared: list, option: ShardingOption, choose, unit_ms: float, hinted: bool) -> None:
+    """What `option` costs every rank when chosen (ShardingOption.every_rank), as a term of
+    `shared`; `hinted`: the hint chooses it."""
     ticks = to_ticks(option.every_rank_ms, unit_ms)
     if ticks:
+        shared.append((ticks, choose, hinted))
+
+
+def charge_every_rank(model: cp_model.CpModel, load: list[list], shared: list) -> None:
+    """The sum of the chosen options' every-rank costs, as one variable on every rank's load
+    (one term a rank, not one an option and rank), hinted as the hint's."""
+    if shared:
+        total = model.NewIntVar(0, sum(c for c, _, _ in shared), "every_rank")
+        model.Add(total == sum(c * v for c, v, _ in shared))
+        model.AddHint(total, sum(c for c, _, hinted in shared if hinted))
         for terms in load:
-            terms.append((ticks, choose))
+            terms.append((1, total))
 
 
 def _rank_literals(model: cp_model.CpModel, table: str, k: int, i: int, choose, rules: RankRules, world: int) -> dict:
@@ -272,6 +285,7 @@ class ClassModel:
         hint = _hint_free_twins(hint, options_by_table)
         model = cp_model.CpModel()
         load = [[] for _ in range(world)]
+        shared = []  # on every rank
         caps_kib = rank_capacities(cluster) // KIB
         fixed_kib = [[[] for _ in TIERS] for _ in range(world)]  # per rank and tier: (KiB, literal)
         total_kib = [[] for _ in TIERS]  # the whole cluster's demand per tier
@@ -298,7 +312,7 @@ class ClassModel:
                 choose = model.NewBoolVar(f"c[{table},{k}]")
                 chooses.append(choose)
                 model.AddHint(choose, hint.choice.get(table) is o)
-                share_every_rank(load, o, choose, unit_ms)
+                every_rank_term(shared, o, choose, unit_ms, hint.choice.get(table) is o)
                 def place(rank: int, i: int, lit) -> None:
                     load[rank].append((to_ticks(float(o.shard_ms[i]), unit_ms), lit))
                     hold(rank, o.shard_bytes[i], lit)
@@ -334,6 +348,7 @@ class ClassModel:
                     decode.append((table, o, choose, None))
             model.AddExactlyOne(chooses)
         keep_apart(model, present, rules, range(world))
+        charge_every_rank(model, load, shared)
 
         hinted_counts = {c: [0] * world for c in class_members}
         for c, members in class_members.items():

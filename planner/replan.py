@@ -165,6 +165,7 @@ def _free_blocks(assignment: Assignment, world: int) -> tuple[list[list[tuple[st
         if option.placement is Placement.ANY_RANK:
             for i, r in enumerate(ranks):
                 blocks[r].append((table, i))
+            fixed.ms += option.every_rank_ms  # every rank's, whichever rank its shards go to
         else:
             fixed.add(option, ranks)
     return blocks, fixed
@@ -273,7 +274,7 @@ def stay(moves: _Moves) -> None:
             ranks = place_one(option, others, moves.caps, moves.cluster, admits)
             if ranks is None:
                 continue
-            ms = others.ms.copy()
+            ms = others.ms + option.every_rank_ms
             np.add.at(ms, ranks, option.shard_ms)
             key = (moves.bytes_for(table, option, ranks), float(ms.max()), option.total_ms)
             if best is None or key < best[0]:
@@ -305,7 +306,7 @@ def improve(moves: _Moves, budget_bytes: float, free: Assignment, max_steps: int
             for option, ranks in candidates:
                 if ranks is None:
                     continue
-                ms = others.ms.copy()
+                ms = others.ms + option.every_rank_ms
                 np.add.at(ms, ranks, option.shard_ms)
                 new_peak, new_count = _score(ms)
                 if (new_peak, new_count) >= (peak, count):

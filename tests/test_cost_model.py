@@ -185,3 +185,35 @@ def test_a_cached_shard_trades_device_memory_for_miss_time():
     extra = [c.shards[0].perf.fwd_compute_ms - plain.shards[0].perf.fwd_compute_ms for c in cached]
     assert extra[0] == pytest.approx(cm.cache_miss_ms(lookups * 0.5 * 0.1, 64, "rowwise_adagrad", 5.0, 50.0))
     assert extra[1] == pytest.approx(5 * extra[0])
+
+
+def _table_wise_and_row_wise(cluster, table):
+    model = AnalyticCostModel(cluster, TrainingSpec(batch_size_per_rank=1000))
+    tier = "ddr" if cluster.device == "cpu" else "hbm"
+    requests = [OptionRequest(table, s, "fused", tier, tuple(shard_geometry(table, s, n)))
+                for s, n in ((ShardingType.TABLE_WISE, 1), (ShardingType.ROW_WISE, cluster.world_size))]
+    return model, requests, model.estimate(requests)
+
+
+def test_a_host_all_to_all_puts_a_shards_collective_work_on_every_rank():
+    """On CPUs a rank copies what it receives as it copies what it sends: of a table-wise shard's
+    collective work (ids in, sums out, gradients back) half stays on its rank, the other half is
+    shared by the W - 1 ranks that receive; the work adds up to what one rank paid before."""
+    t = TableSpec("t", 100_000, 32, pooling_factor=3.0)
+    model, requests, (tw, rw) = _table_wise_and_row_wise(make_cluster(ranks_per_node=4, device="cpu"), t)
+    whole = model.shard_perf(requests[0], requests[0].geometries[0])
+    own, every = tw.shards[0].perf, tw.every_rank
+    for part in ("input_dist_ms", "fwd_comms_ms", "bwd_comms_ms"):
+        assert getattr(every, part) == pytest.approx(getattr(whole, part) / 6)  # 1 / (2 (W - 1))
+        assert getattr(own, part) == pytest.approx(getattr(whole, part) / 3)  # and (W - 2) / (2 (W - 1)) more
+    assert own.compute_ms == whole.compute_ms and every.compute_ms == 0
+    assert tw.ranks_sharing == 4 and tw.total_ms == pytest.approx(whole.total_ms)
+    assert tw.max_shard_ms == pytest.approx(own.total_ms + every.total_ms)
+    assert rw.every_rank_ms == 0 and rw.ranks_sharing == 0  # its reduce-scatter is every rank's already
+
+
+def test_over_device_links_a_shards_collective_work_stays_on_its_rank():
+    t = TableSpec("t", 100_000, 32, pooling_factor=3.0)
+    model, requests, (tw, _) = _table_wise_and_row_wise(make_cluster(ranks_per_node=4), t)
+    assert tw.shards[0].perf == model.shard_perf(requests[0], requests[0].geometries[0])
+    assert tw.every_rank_ms == 0 and tw.ranks_sharing == 0

@@ -7,10 +7,11 @@ from planner.assignment import Assignment, RankLoads
 from planner.candidates import enumerate_options
 from planner.cost_model import AnalyticCostModel
 from planner.errors import InfeasiblePlanError
+from planner.phase_balance import phase_loads
 from planner.planning import make_plan
 from planner.solver import SolverConfig, solve
 from planner.specs import TableSpec, TieringSpec
-from planner.types import TIERS, Placement
+from planner.types import TIERS, Placement, ShardingType
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -47,6 +48,7 @@ def brute_force_peak(options_by_table, cluster, allowed=None, apart=()) -> float
         mem = np.zeros((world, len(TIERS)))
         for o, ranks in combo:
             np.add.at(ms, ranks, o.shard_ms)
+            ms += o.every_rank_ms  # what it costs every rank wherever its shards are
             np.add.at(mem, ranks, o.shard_bytes)
         if np.all(mem <= caps):
             best = min(best, ms.max())
@@ -58,15 +60,17 @@ def options_for(problem):
 
 
 @pytest.mark.parametrize(
-    "tables, ranks",
+    "tables, ranks, device",
     [
-        ([table("a", 10_000, 8, 4.0), table("b", 5_000, 8, 1.0), table("c", 2_000_000, 8, 2.0)], 2),
-        ([table("a", 1_000, 8, 1.0), table("b", 1_000, 8, 1.0), table("c", 1_000, 8, 1.0)], 2),
-        ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0)], 3),
+        ([table("a", 10_000, 8, 4.0), table("b", 5_000, 8, 1.0), table("c", 2_000_000, 8, 2.0)], 2, "cuda"),
+        ([table("a", 1_000, 8, 1.0), table("b", 1_000, 8, 1.0), table("c", 1_000, 8, 1.0)], 2, "cuda"),
+        ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0)], 3, "cuda"),
+        # on a host every rank carries part of each table-wise shard's collectives (cost_model.exchange_shares)
+        ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0), table("c", 5_000, 16, 3.0)], 3, "cpu"),
     ],
 )
-def test_solver_finds_the_brute_force_optimum(tables, ranks):
-    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+def test_solver_finds_the_brute_force_optimum(tables, ranks, device):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks, device=device), batch=4096)
     options = options_for(problem)
     optimum = brute_force_peak(options, problem.cluster)
     solution = solve(options, problem.cluster, SolverConfig(time_limit_s=5))
@@ -206,3 +210,20 @@ def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
         steps[latency_ms] = (embedding_collectives(types), plan.max_rank_ms, plan.max_rank_ms + sharding_types_ms(types, problem.cluster))
     assert steps[0.0][0] == 3 and steps[0.5][0] == 1
     assert steps[0.5][2] < steps[0.0][1] + 3 * 3 * 0.5
+
+
+def test_on_two_host_ranks_where_the_tables_go_moves_no_collective_time():
+    """On 2 CPU ranks a table-wise plan's collectives take the same time on both ranks, however
+    many tables each holds (measured: benchmarks/regret_paired.py); only the lookups move."""
+    tables = [table(f"t{i}", 10_000 * (i + 1), 64, 1.0 + 3 * i) for i in range(12)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=2, device="cpu"), batch=512)
+    options = {t: next(o for o in opts if o.sharding_type is ShardingType.TABLE_WISE) for t, opts in options_for(problem).items()}
+    collectives = []
+    for on_rank_0 in (8, 6):
+        assignment = Assignment(dict(options), {t.name: [0 if i < on_rank_0 else 1] for i, t in enumerate(tables)})
+        loads = phase_loads(assignment, 2)  # ranks x (input_dist, compute, fwd_comms, bwd_comms)
+        assert loads[0, [0, 2, 3]] == pytest.approx(loads[1, [0, 2, 3]])
+        assert loads[0, 1] != pytest.approx(loads[1, 1])
+        assert RankLoads.of(assignment, 2).ms == pytest.approx(loads.sum(axis=1))
+        collectives.append(loads[0, [0, 2, 3]])
+    assert collectives[0] == pytest.approx(collectives[1])
