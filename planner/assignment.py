@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from planner.specs import ClusterSpec
-from planner.types import TIERS, ShardingOption
+from planner.types import TIERS, Perf, ShardingOption, Storage
 
 
 @dataclass
@@ -51,6 +52,20 @@ class RankLoads:
             np.add.at(loads.bytes, ranks, np.concatenate([o.shard_bytes for o in assignment.choice.values()]))
             loads.ms += sum(o.every_rank_ms for o in assignment.choice.values())
         return loads
+
+
+def rank_perf_storage(placed: Iterable[tuple[ShardingOption, Sequence[int]]], world_size: int) -> tuple[list[Perf], list[Storage]]:
+    """Each rank's time by phase and bytes by tier: the sums of the shards on it, and of what
+    every chosen option costs every rank (ShardingOption.every_rank)."""
+    perf = [Perf() for _ in range(world_size)]
+    storage = [Storage() for _ in range(world_size)]
+    for option, ranks in placed:
+        if option.every_rank_ms:
+            perf = [p + option.every_rank for p in perf]
+        for shard, rank in zip(option.shards, ranks):
+            perf[rank] = perf[rank] + shard.perf
+            storage[rank] = storage[rank] + shard.storage
+    return perf, storage
 
 
 def rank_capacities(cluster: ClusterSpec) -> np.ndarray:

@@ -463,13 +463,13 @@ def _hint_free_twins(hint: Assignment, options_by_table: Mapping[str, Sequence[S
 
 
 def _hinted_peak_ticks(hint: Assignment, world: int, unit_ms: float) -> int:
-    """The busiest rank of the hint as the model counts it (each shard's cost in ticks)."""
+    """The busiest rank of the hint as the model counts it (each shard's and each option's
+    every-rank cost in ticks)."""
     ticks = [0] * world
     for table, o in hint.choice.items():
-        ticks = [t + to_ticks(o.every_rank_ms, unit_ms) for t in ticks]
         for i, r in enumerate(hint.shard_ranks[table]):
             ticks[r] += to_ticks(float(o.shard_ms[i]), unit_ms)
-    return max(ticks)
+    return max(ticks) + sum(to_ticks(o.every_rank_ms, unit_ms) for o in hint.choice.values())
 
 
 def _free_twin(option: ShardingOption, options: Sequence[ShardingOption]) -> ShardingOption | None:

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from planner.assignment import RankLoads
+from planner.assignment import RankLoads, rank_perf_storage
 from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
 from planner.colocation import Colocated, colocate
@@ -20,7 +20,7 @@ from planner.plan_inputs import PlanInputs
 from planner.schemes import cache_rows
 from planner.solver import Solution, SolverConfig, solve
 from planner.specs import ClusterSpec, PlanningProblem, TableSpec
-from planner.types import Perf, ShardingOption, Storage
+from planner.types import ShardingOption
 
 # The solver always gets at least this share of the time limit, however long costing took.
 MIN_SOLVER_SHARE = 0.2
@@ -144,17 +144,9 @@ def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model:
     """The plan of a solution: each table's shards on their ranks, each rank's predicted time
     and bytes (the sums of its shards'), and the inputs it was made for."""
     world = problem.cluster.world_size
-    perf = [Perf() for _ in range(world)]
-    memory = [Storage() for _ in range(world)]
-    tables = {}
-    for table in problem.tables:
-        option, ranks = solution.assignment.choice[table.name], solution.assignment.shard_ranks[table.name]
-        tables[table.name] = option_layout(option, ranks, table)
-        if option.every_rank_ms:
-            perf = [p + option.every_rank for p in perf]
-        for shard, rank in zip(option.shards, ranks):
-            perf[rank] = perf[rank] + shard.perf
-            memory[rank] = memory[rank] + shard.storage
+    choice, shard_ranks = solution.assignment.choice, solution.assignment.shard_ranks
+    tables = {t.name: option_layout(choice[t.name], shard_ranks[t.name], t) for t in problem.tables}
+    perf, memory = rank_perf_storage(((choice[t.name], shard_ranks[t.name]) for t in problem.tables), world)
     rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
     return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
                 max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,

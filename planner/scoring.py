@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.access_stats import table_access
+from planner.assignment import rank_perf_storage
 from planner.cost_model import CostModel, OptionRequest, cached_request
 from planner.plan import Plan
 from planner.specs import PlanningProblem
@@ -46,12 +47,5 @@ def rank_times_ms(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -
 
 def rank_breakdown(plan: Plan, problem: PlanningProblem, cost_model: CostModel) -> tuple[list[Perf], list[Storage]]:
     """Per-rank time by phase and bytes per tier of `plan` under `cost_model`."""
-    perf = [Perf() for _ in range(plan.world_size)]
-    storage = [Storage() for _ in range(plan.world_size)]
-    for name, option in costed_options(plan, problem, cost_model):
-        if option.every_rank_ms:
-            perf = [p + option.every_rank for p in perf]
-        for rank, shard in zip(plan.tables[name].ranks, option.shards):
-            perf[rank] = perf[rank] + shard.perf
-            storage[rank] = storage[rank] + shard.storage
-    return perf, storage
+    return rank_perf_storage(((option, plan.tables[name].ranks) for name, option in costed_options(plan, problem, cost_model)),
+                             plan.world_size)

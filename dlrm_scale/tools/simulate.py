@@ -99,8 +99,8 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
     storage = [Storage() for _ in range(world)]
     for name, option in costed_options(plan, problem, cost_model):
         replica = plan.tables[name].sharding_type == "data_parallel"
-        shared = option.every_rank
-        for p in phases if option.every_rank_ms else ():
+        shared = option.every_rank  # collective work only (cost_model.exchange_shares)
+        for p in phases:
             p["input_dist"] += shared.input_dist_ms
             p["a2a_fwd"] += shared.fwd_comms_ms
             p["a2a_bwd"] += shared.bwd_comms_ms
