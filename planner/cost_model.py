@@ -24,7 +24,7 @@ from planner.specs import (
     TrainingSpec,
 )
 from planner.access_stats import TableAccess, zipf_unique_ids
-from planner.schemes import cache_rows, cached_kernel_for
+from planner.schemes import ALL_TO_ALL_SCHEMES, ROW_SCHEMES, cache_rows, cached_kernel_for
 from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 
 WEIGHT_BYTES = 4  # fp32 embedding weights
@@ -175,11 +175,6 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
     inter = transfer_ms(bytes_out * (world - local) / world, cluster.inter_node_gb_per_s)
     return max(intra, inter)
-
-
-# The schemes whose shards send their pooled sums, and take their ids, by all-to-all (row blocks
-# reduce-scatter instead, and replicas all-reduce: every rank already pays those alike).
-ALL_TO_ALL_SCHEMES = frozenset({ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE})
 
 
 def exchange_shares(cluster: ClusterSpec) -> tuple[float, float]:
@@ -397,7 +392,7 @@ class AnalyticCostModel:
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))
 
-        row_blocks = st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+        row_blocks = st in ROW_SCHEMES
         # every rank splits its own samples' ids of a row-wise table by row block
         ids_in = input_distribution_ms(lookups, cl, local_batch * pooling if row_blocks else 0.0)
         # every scheme's shard puts its pooled sums for the global batch into the collective

@@ -19,6 +19,9 @@ COLUMN_ALIGNMENT = 4
 
 ROW_SCHEMES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 COLUMN_SCHEMES = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+# The schemes whose shards send their pooled sums, and take their ids, by all-to-all: row blocks
+# reduce-scatter partial sums instead, and replicas all-reduce (every rank pays those alike).
+ALL_TO_ALL_SCHEMES = (ShardingType.TABLE_WISE, *COLUMN_SCHEMES)
 
 # TorchRec's compute kernel names. Replicas train with the dense kernel, shards with fused
 # TBE; a cached shard keeps its rows in host DDR behind a device cache (fused_uvm_caching)
