@@ -48,6 +48,17 @@ def mixes():
     }
 
 
+def wrong_start():
+    """A profile 3x off in every constant (bandwidths 3x slow, costs 3x high)."""
+    wrong = {k: v * 3 if not k.endswith("gb_per_s") and k != "dense_gflops" else v / 3 for k, v in TRUE.items()}
+    return make_cluster(ranks_per_node=2, device="cpu", **wrong)
+
+
+def priced_with(run: MeasuredRun, cluster) -> MeasuredRun:
+    """`run` with its problem priced by `cluster` (what the fit starts from)."""
+    return replace(run, run=replace(run.run, problem=replace(run.run.problem, cluster=cluster)))
+
+
 def test_the_fit_recovers_what_the_runs_measured_from_a_wrong_start():
     """Runs priced by known constants; the fit starts from a profile 3x off in every constant and
     must predict the runs (and one it never saw) within 2%, where the start is off by more than half."""
@@ -55,9 +66,8 @@ def test_the_fit_recovers_what_the_runs_measured_from_a_wrong_start():
     runs = [synthetic_run(f"{name}_{scheme}", tables, scheme, true_cluster)
             for name, tables in mixes().items() for scheme in (None, "table_wise", "row_wise", "column_wise", "data_parallel")
             if not (scheme == "column_wise" and tables[0].embedding_dim < 32)]
-    wrong = {k: v * 3 if not k.endswith("gb_per_s") and k != "dense_gflops" else v / 3 for k, v in TRUE.items()}
-    start = make_cluster(ranks_per_node=2, device="cpu", **wrong)
-    started = [replace(r, run=replace(r.run, problem=replace(r.run.problem, cluster=start))) for r in runs]
+    start = wrong_start()
+    started = [priced_with(r, start) for r in runs]
     assert min(abs(compare(r).predicted_step_ms / r.step_ms - 1) for r in started) > 0.5
     fit = fit_runs(started[1:], start)
     assert fit.residuals["step"] < 0.02
@@ -81,10 +91,8 @@ def test_runs_measured_as_often_slow_as_fast_are_not_fitted_low():
     true_cluster = make_cluster(ranks_per_node=2, device="cpu", **TRUE)
     runs = [synthetic_run(f"{name}_{scheme}", tables, scheme, true_cluster)
             for name, tables in mixes().items() for scheme in (None, "table_wise", "row_wise")]
-    wrong = {k: v * 3 if not k.endswith("gb_per_s") and k != "dense_gflops" else v / 3 for k, v in TRUE.items()}
-    start = make_cluster(ranks_per_node=2, device="cpu", **wrong)
-    noisy = [replace(scaled(r, f), run=replace(r.run, problem=replace(r.run.problem, cluster=start)))
-             for r in runs for f in (1.4, 1 / 1.4)]
+    start = wrong_start()
+    noisy = [priced_with(scaled(r, f), start) for r in runs for f in (1.4, 1 / 1.4)]
     fit = fit_runs(noisy, start)
     errors = [compare(r, fit.values).predicted_step_ms / truth.step_ms - 1 for r, truth in zip(noisy[::2], runs)]
     assert abs(float(np.median(errors))) < 0.02

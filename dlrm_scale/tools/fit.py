@@ -160,15 +160,21 @@ def _solve(rows: Sequence[tuple[np.ndarray, float]], start: ClusterSpec) -> np.n
     return nonnegative_lstsq(np.array(a), np.array(b))
 
 
+def _relative(c: np.ndarray, offset: float, target: float, floor: float) -> tuple[np.ndarray, float]:
+    """A row as error relative to its measured target (a target under the floor weighed as the floor)."""
+    scale = max(target, floor)
+    return c / scale, (target - offset) / scale
+
+
 def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
     """The constants that best predict `runs`' phases, from `start`'s (its values are the priors)."""
     rows = [(*row, FLOOR_OF_STEP * d.run.step_ms) for d in map(design, runs) for row in _rows(d)]
-    theta = _solve([(c / max(target, floor), (target - offset) / max(target, floor)) for c, offset, target, floor in rows], start)
+    theta = _solve([_relative(*row) for row in rows], start)
     for _ in range(LOG_ROUNDS):
         linearised = []
         for c, offset, target, floor in rows:
-            if target < floor:  # weighed as if it were the floor, as in the first fit
-                linearised.append((c / floor, (target - offset) / floor))
+            if target < floor:  # kept relative, as in the first fit
+                linearised.append(_relative(c, offset, target, floor))
                 continue
             # log(offset + c.x) ~ log(predicted) + c.(x - theta) / predicted, set equal to log(target)
             fitted = c @ theta
