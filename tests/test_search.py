@@ -13,7 +13,7 @@ from planner.bounds import lower_bound_ms, shard_limited_bound_ms
 from planner.cpsat import ClassModel, packing_cut_value, solver_parameters
 from planner.greedy import choose_options, local_search, pack, rechoose_options
 from planner.placement_rules import RankRules
-from planner.solver import SolverConfig, _probe_caps, solve
+from planner.solver import SolverConfig, _probe_caps, probe_target, solve
 from planner.types import Placement
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak, options_for
@@ -74,6 +74,23 @@ def test_probes_climb_from_the_bound_to_the_optimum(tables, ranks):
     best, best_peak, proven = _probe_caps(model, start, bound, 20.0, time.monotonic() + 60, config)
     assert bound <= proven <= optimum * (1 + 1e-9)
     assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= proven * (1 + config.target_gap) + 1e-9
+
+
+def test_probes_land_on_the_proof_of_the_promised_gap_instead_of_stepping_past_it():
+    """Within two steps of the cap that proves the plan within `proof_gap`, the next probe is
+    that cap (a step would end just under or past it); further below, or once it is refuted or
+    undecided, the probes step as before."""
+    config = SolverConfig(probe_step=0.005, proof_gap=0.02)
+    best = 6.5693
+    proof = best / 1.02
+    assert probe_target(6.0, best, best, config) == pytest.approx(6.03)  # far below: one step
+    assert probe_target(6.40, best, best, config) == pytest.approx(proof)  # a step would stop at 6.432
+    assert probe_target(6.43, best, best, config) == pytest.approx(proof)  # a step would pass it
+    assert probe_target(proof * 1.0001, best, best, config) == pytest.approx(proof * 1.0001 * 1.005)  # refuted: climb on
+    undecided = probe_target(6.43, proof, best, config)  # undecided: the probes stay below it
+    assert 6.43 < undecided < proof
+    no_promise = SolverConfig(probe_step=0.005, proof_gap=0.0)
+    assert probe_target(6.40, best, best, no_promise) == pytest.approx(6.432)
 
 
 def seven_tables_on_four_ranks():
