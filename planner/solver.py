@@ -160,10 +160,15 @@ def probe_target(bound_ms: float, high_ms: float, best_peak_ms: float, config: S
     goes straight to it from within two steps: near the optimum each step costs about four times
     the last (26 MLPerf tables on 16 ranks: 6.400 ms refuted in 0.3 deterministic s, 6.432 in
     1.25, 6.4405 cold in 1.4), so the step below it would spend what the proof needs."""
-    proof_ms = best_peak_ms / (1 + config.proof_gap)
+    proof_ms = proof_cap_ms(best_peak_ms, config)
     if bound_ms < proof_ms < high_ms and proof_ms <= bound_ms * (1 + 2 * config.probe_step):
         return proof_ms
     return min((bound_ms + high_ms) / 2, bound_ms * (1 + config.probe_step))
+
+
+def proof_cap_ms(best_peak_ms: float, config: SolverConfig) -> float:
+    """The cap whose refutation proves a plan of `best_peak_ms` within `config.proof_gap`."""
+    return best_peak_ms / (1 + config.proof_gap)
 
 
 def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: float, deadline_s: float,
@@ -176,7 +181,8 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     deterministic s), so small steps bank cheap proofs, where the midpoint spent the budget on
     one that ended undecided. An undecided probe caps the next ones below it, as its budget
     would only be spent again there; each may take two thirds of the wall clock left, as the
-    last ones to climb need the most. Returns (best, its peak, bound)."""
+    last ones to climb need the most (the proof of `config.proof_gap` nine tenths).
+    Returns (best, its peak, bound)."""
     world = model.cluster.world_size
     best_peak, spent, undecided_ms = _peak(best, world), 0.0, math.inf
     while spent < budget_s - 1e-3 and time.monotonic() < deadline_s:
@@ -184,7 +190,8 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
         if high <= bound_ms * (1 + config.target_gap):
             break
         target = probe_target(bound_ms, high, best_peak, config)
-        result = model.solve(budget_s - spent, (deadline_s - time.monotonic()) * 2 / 3, config.seed, config.target_gap, target, cuts=True)
+        share = 0.9 if target == proof_cap_ms(best_peak, config) else 2 / 3
+        result = model.solve(budget_s - spent, (deadline_s - time.monotonic()) * share, config.seed, config.target_gap, target, cuts=True)
         spent += result.deterministic_s
         if result.bound_ms is not None:
             bound_ms = max(bound_ms, result.bound_ms)
@@ -222,9 +229,8 @@ def solve(
     if best_peak > target and class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables:
         # A quarter of the wall clock left, at most: where the optimisation stalls, probes under
         # caps do better, and near the optimum one probe needs seconds (26 MLPerf tables on 16
-        # ranks: the proof of 2% took 1.9-2.3 s of a 2-core machine; with a third here and a
-        # fifth reserved for balancing it ran out of wall clock in 1 run of 3, with a quarter and
-        # a tenth in none of 9, the plan the same).
+        # ranks: the proof of 2% took 1.9-2.4 s of a 2-core machine, and with a third here it
+        # ran out of wall clock in 1 run of 3; the plan the same).
         class_model = ClassModel(options_by_table, cluster, best, unit_ms, bound, rules)
         result = class_model.solve(budget * 0.3, (deadline - time.monotonic()) / 4, config.seed, config.target_gap)
         if result.bound_ms is not None:
