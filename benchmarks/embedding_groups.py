@@ -8,8 +8,8 @@ well those sums follow a rank's measured time. Here, on this machine:
   quarter to three quarters of them, what a rank of two holds), each built as one FBGEMM
   table-batched module (TorchRec puts a rank's tables of one kernel in one), trained forward
   and backward with the fused row-wise Adagrad on the global batch's ids (the benchmark's
-  batch on each of its 2 ranks), drawn as the training data draws them; the median of its
-  timed calls (`TIMED` after `WARMUP`, cycling `BATCHES` batches drawn beforehand);
+  batch on each of its 2 ranks), drawn by the training data itself; the median of its timed
+  calls (`TIMED` after `WARMUP`, cycling `DATA_STEPS` steps drawn beforehand, once per mix);
 - the model's form refitted to the groups (least squares on relative error, one constant per
   term), scored on each mix with the fit of all the others, beside the profile's own
   prediction (benchmarks/results/costmodel_fitted.yaml, the planner's);
@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from costmodel_bench import BATCH_SIZE_PER_RANK, RESULTS, TABLE_COUNTS, WORLD, generate_mix, plan_for, write_config  # noqa: E402
+from regret_paired import rotated  # noqa: E402
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
-WARMUP, TIMED, BATCHES = 16, 24, 8
+WARMUP, TIMED, DATA_STEPS = 16, 24, 8
 PLANS = ("ours", "torchrec", "table_wise")
-TERMS = ("tables", "ids", "distinct_bytes")  # the model's per-table, per-id and per-byte costs
 
 
 def problem_of(index: int, folder: Path):
@@ -54,27 +54,32 @@ def problem_of(index: int, folder: Path):
 
 
 class Tables:
-    """One mix's tables: their id streams (as the training data draws them) and, per table, the
-    model's terms and the profile's predicted forward-and-backward ms for the global batch."""
+    """One mix's tables: DATA_STEPS steps of the global batch's ids, drawn once by the training
+    data itself (dlrm_scale.training.data.SyntheticData), and per table the model's terms and
+    the profile's forward-and-backward ms as a table-wise shard (the planner's own pricing)."""
 
     def __init__(self, problem, seed: int) -> None:
-        from dlrm_scale.training.data import ZipfIds
-        from planner.cost_model import WEIGHT_BYTES, distinct_rows_per_step, lookup_bwd_ms, lookup_fwd_ms
+        from dlrm_scale.training.data import SyntheticData, feature_name
+        from planner.cost_model import WEIGHT_BYTES, AnalyticCostModel, distinct_rows_per_step
+        from planner.plan import uniform_plan
+        from planner.scoring import costed_options
+        from planner.types import ShardingType
 
         self.specs = {t.name: t for t in problem.tables}
-        self.ids = {t.name: ZipfIds(t.num_embeddings, t.zipf_exponent, seed=i) for i, t in enumerate(problem.tables)}
-        self.rng = np.random.default_rng(seed)
-        cl, optimizer = problem.cluster, problem.training.embedding_optimizer
-        bandwidth = cl.tier_gb_per_s(cl.device_tier)
-        self.batch = problem.training.batch_size_per_rank * WORLD
-        self.terms, self.predicted_ms = {}, {}
+        batch = problem.training.batch_size_per_rank * WORLD
+        data = SyntheticData(problem.tables, 1, batch, seed)
+        self.steps = []  # [step] table -> (bag lengths, ids)
+        for step in range(DATA_STEPS):
+            kjt = data.batch(step).sparse_features
+            self.steps.append({n: (kjt[feature_name(n)].lengths().numpy().astype(np.int64), kjt[feature_name(n)].values().numpy())
+                               for n in self.specs})
+        self.terms = {}
         for t in problem.tables:
-            ids = self.batch * t.pooling_factor
-            distinct = distinct_rows_per_step(t, ids)
-            self.terms[t.name] = (1.0, ids, distinct * t.embedding_dim * WEIGHT_BYTES)
-            self.predicted_ms[t.name] = (lookup_fwd_ms(ids, distinct, t.embedding_dim, bandwidth, cl.kernel_launch_ms, cl.lookup_fwd_ns)
-                                         + lookup_bwd_ms(ids, distinct, t.embedding_dim, optimizer, bandwidth, cl.kernel_launch_ms,
-                                                         cl.lookup_bwd_ns, cl.lookup_bwd_row_ns))
+            ids = batch * t.pooling_factor
+            self.terms[t.name] = (1.0, ids, distinct_rows_per_step(t, ids) * t.embedding_dim * WEIGHT_BYTES)
+        model = AnalyticCostModel(problem.cluster, problem.training)
+        self.predicted_ms = {name: option.shards[0].perf.compute_ms
+                             for name, option in costed_options(uniform_plan(problem, ShardingType.TABLE_WISE), problem, model)}
 
     def module(self, names: list[str]):
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -89,19 +94,14 @@ class Tables:
             optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
 
     def batches(self, names: list[str]) -> list:
+        """Each step's (ids, offsets) for a module of `names`: their bags one table after another."""
         import torch
 
-        from dlrm_scale.training.data import MAX_POOLING
-
         out = []
-        for _ in range(BATCHES):
-            ids, lengths = [], []
-            for n in names:
-                count = np.minimum(1 + self.rng.poisson(max(self.specs[n].pooling_factor - 1.0, 0.0), size=self.batch), MAX_POOLING)
-                ids.append(self.ids[n].sample(int(count.sum()), self.rng))
-                lengths.append(count)
-            offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
-            out.append((torch.from_numpy(np.concatenate(ids).astype(np.int64)), torch.from_numpy(offsets.astype(np.int64))))
+        for step in self.steps:
+            offsets = np.concatenate([[0], np.cumsum(np.concatenate([step[n][0] for n in names]))])
+            ids = np.concatenate([step[n][1] for n in names]).astype(np.int64)
+            out.append((torch.from_numpy(ids), torch.from_numpy(offsets.astype(np.int64))))
         return out
 
 
@@ -116,7 +116,7 @@ def step_ms(module, batch) -> float:
 
 def time_group(tables: Tables, names: list[str]) -> float:
     module, batches = tables.module(names), tables.batches(names)
-    times = [step_ms(module, batches[i % BATCHES]) for i in range(WARMUP + TIMED)]
+    times = [step_ms(module, batches[i % DATA_STEPS]) for i in range(WARMUP + TIMED)]
     return float(np.median(times[WARMUP:]))
 
 
@@ -169,9 +169,9 @@ def plan_ranks(index: int, rounds: int, folder: Path) -> list[dict]:
     times = {key: [] for key in sets}
     keys = list(sets)
     for r in range(rounds):  # each round every rank set once, the order rotating
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for key in rotated(keys, r):
             module, batches = built[key]
-            times[key].append(step_ms(module, batches[r % BATCHES]))
+            times[key].append(step_ms(module, batches[r % DATA_STEPS]))
     return [{"mix": index, "plan": label, "rank": rank, "tables": len(sets[(label, rank)]),
              "measured_ms": float(np.median(times[(label, rank)][WARMUP:])),
              "spread_ms": [float(np.percentile(times[(label, rank)][WARMUP:], q)) for q in (10, 90)],
