@@ -1,0 +1,78 @@
+"""The configuration LP (planner.pattern_lp): never refutes a cap a plan meets, refutes every cap
+under the shard-limited bound, and more where whole shards cannot share ranks evenly; its
+fractional plans seed the search (planner.solver._pattern_stage)."""
+
+import math
+import time
+
+import pytest
+
+from planner.bounds import shard_limited_bound_ms
+from planner.cpsat import to_ticks
+from planner.greedy import choose_options, pack
+from planner.pattern_lp import PatternLP
+from planner.solver import SolverConfig, _pattern_stage
+from planner.placement_rules import RankRules
+from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from tests.conftest import make_cluster, make_problem, table
+from tests.test_search import NEEDS_SPLIT, peak
+from tests.test_solver import brute_force_peak, options_for
+
+FAR = 1e18  # no wall-clock deadline: the checks stop on their rounds
+# Small enough for the brute force: shards that must split, replicas and (on a host) every-rank costs
+PROBLEMS = NEEDS_SPLIT + [
+    ([table("a", 10_000, 8, 4.0), table("b", 5_000, 8, 1.0), table("c", 2_000_000, 8, 2.0)], 2, "cuda"),
+    ([table("a", 100_000, 8, 10.0), table("b", 30, 4, 1.0), table("c", 5_000, 16, 3.0)], 3, "cpu"),
+]
+
+
+def cap_ticks(ms: float, unit_ms: float) -> int:
+    return to_ticks(ms * (1 + 1e-12), unit_ms)
+
+
+def whole_table(name: str, ms: float) -> ShardingOption:
+    """A table with one option: one shard of `ms`."""
+    return ShardingOption(name, ShardingType.TABLE_WISE, "fused", "hbm", (ShardGeometry(0, 0, 100, 8),),
+                          (ShardCost(Perf(fwd_compute_ms=ms), Storage(hbm_bytes=1)),))
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{len(p[0])}x{p[1]}")
+def test_the_lp_never_refutes_the_optimum_and_refutes_below_the_shard_limited_bound(problem):
+    tables, ranks, *device = (*problem, "cuda") if len(problem) == 2 else problem
+    cluster = make_cluster(ranks_per_node=ranks, device=device[0])
+    options = options_for(make_problem(tables, cluster, batch=4096))
+    optimum = brute_force_peak(options, cluster)
+    unit_ms = optimum / 20_000
+    lp = PatternLP(options, ranks, unit_ms)
+    below = lp.check(cap_ticks(shard_limited_bound_ms(options, ranks) * 0.999, unit_ms), 400, FAR)
+    assert below.refuted and below.weights is None
+    at = lp.check(cap_ticks(optimum, unit_ms), 400, FAR)  # the same LP, its patterns kept, asked again
+    assert not at.refuted
+    assert set(at.weights) == set(options)
+    assert all(sum(w.values()) == pytest.approx(1.0) for w in at.weights.values())
+
+
+def test_whole_shards_that_cannot_share_ranks_evenly_are_refuted_where_their_area_fits():
+    """Five tables of 0.6 ms on three ranks: 1.0 ms a rank by area, but a rank holds one or two
+    of them, so some rank carries 1.2. The LP proves it; the shard-limited bound says 1.0."""
+    options = {f"t{i}": [whole_table(f"t{i}", 0.6)] for i in range(5)}
+    unit_ms = 1.2 / 20_000
+    assert shard_limited_bound_ms(options, 3) == pytest.approx(1.0)
+    lp = PatternLP(options, 3, unit_ms)
+    assert lp.check(cap_ticks(1.19, unit_ms), 400, FAR).refuted
+    at = lp.check(cap_ticks(1.2, unit_ms), 400, FAR)
+    assert not at.refuted and at.weights == {t: {0: pytest.approx(1.0)} for t in options}
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_the_pattern_stage_raises_the_bound_validly_and_never_worsens_the_plan(tables, ranks):
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    start = pack(choose_options(options, math.inf), problem.cluster)  # a poor start
+    bound = shard_limited_bound_ms(options, ranks)
+    unit_ms = bound / 20_000
+    best, best_peak, proven = _pattern_stage(PatternLP(options, ranks, unit_ms), options, problem.cluster, start, bound,
+                                             unit_ms, SolverConfig(), time.monotonic() + 60, RankRules())
+    assert bound <= proven <= optimum * (1 + 1e-9)
+    assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= peak(start, ranks)
