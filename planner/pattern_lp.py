@@ -28,6 +28,10 @@ from planner.types import Placement, ShardingOption
 
 # A refutation needs the Farley bound this far above W: the LP's duals are floating point.
 REFUTE_MARGIN = 1e-6
+# Wentges' smoothing: price at this mix of the best prices so far (by Farley's bound) and the
+# master's, which the LP's duals jump between; 26 MLPerf tables on 8/16/32 ranks: a fifth fewer
+# rounds over their checks (3.81 s -> 3.04 at 0.7; 0.3-0.8 all within 0.3 s of each other).
+SMOOTHING = 0.7
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ class PatternLP:
                 master.add(kept)
         for c in used:  # every class coverable, so the master is feasible from the start
             master.add({c: int(limit[c])})
+        ticks = np.asarray(self.ticks, dtype=np.int64)
+        center, center_bins = None, -1.0
         for rounds in range(max_rounds + 1):
             bins = master.solve()
             if bins is None:
@@ -119,18 +125,30 @@ class PatternLP:
             if bins <= self.world + 1e-9:  # a fractional plan in W patterns: not refuted
                 return PatternCheck(False, master.weights(), rounds)
             prices = master.prices()
-            value, pattern = _best_pattern(prices, np.asarray(self.ticks, dtype=np.int64), limit, cap_ticks)
-            # Farley's bound: the duals scaled by the best pattern's value are feasible for the full LP
-            least_bins = sum(min(sum(n * prices[c] for c, n in self.options[j].demand.items()) for j in master.by_table[t])
-                             for t in self.tables) / max(value, 1.0)
-            if least_bins > self.world * (1 + REFUTE_MARGIN):
-                return PatternCheck(True, None, rounds)
-            if value <= 1 + 1e-9 or rounds == max_rounds or time.monotonic() >= deadline_s:
-                return PatternCheck(False, None, rounds)  # converged just above W, or out of budget
+            # the smoothed prices first; where their pattern is worth nothing at the master's, those
+            for sep in [prices] if center is None else [SMOOTHING * center + (1 - SMOOTHING) * prices, prices]:
+                value, pattern = _best_pattern(sep, ticks, limit, cap_ticks)
+                least_bins = self._least_bins(sep, value, master)
+                if least_bins > center_bins:
+                    center, center_bins = sep, least_bins
+                if least_bins > self.world * (1 + REFUTE_MARGIN):
+                    return PatternCheck(True, None, rounds)
+                if sum(prices[c] * n for c, n in pattern.items()) > 1 + 1e-9:
+                    break
+            else:
+                return PatternCheck(False, None, rounds)  # converged just above W
+            if rounds == max_rounds or time.monotonic() >= deadline_s:
+                return PatternCheck(False, None, rounds)
             load = sum(self.ticks[c] * n for c, n in pattern.items())
             self.patterns.append((load, pattern))
             master.add(pattern)
         raise AssertionError("unreachable")
+
+    def _least_bins(self, prices: np.ndarray, value: float, master: _Master) -> float:
+        """Farley's bound on the patterns any fractional plan needs: any prices of the classes,
+        scaled down by the most valuable pattern's value, are feasible for the full LP's dual."""
+        return sum(min(sum(n * prices[c] for c, n in self.options[j].demand.items()) for j in master.by_table[t])
+                   for t in self.tables) / max(value, 1.0)
 
 
 class _Master:

@@ -44,7 +44,7 @@ class SolverConfig:
     # past it: the proof a plan's gap promises (issue #17's 2%), where a step beyond it ends undecided
     proof_gap: float = 0.02
     # caps put to the configuration LP (planner.pattern_lp), and its pricing rounds for each
-    pattern_checks: int = 6
+    pattern_checks: int = 10
     pattern_rounds: int = 400
     # shard-size caps tried by the greedy warm start, as fractions of the lower bound
     greedy_shard_caps: tuple[float, ...] = (math.inf, 1.0, 0.8, 0.65, 0.5, 0.35, 0.25, 0.1)
@@ -188,9 +188,10 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
     world = cluster.world_size
     best_peak = _peak(best, world)
     high_ms = best_peak  # the least cap not refuted
+    seeded: set[tuple[int, ...]] = set()
     for _ in range(config.pattern_checks):
-        if best_peak <= bound_ms * (1 + config.target_gap) or time.monotonic() >= deadline_s:
-            break
+        if min(best_peak, high_ms) <= bound_ms * (1 + config.target_gap) or time.monotonic() >= deadline_s:
+            break  # the plan proven, or the LP's own optimum known to within what would not matter
         cap_ms = proof_cap_ms(best_peak, config)
         if not bound_ms < cap_ms < high_ms:
             cap_ms = (bound_ms + high_ms) / 2
@@ -200,8 +201,9 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
             bound_ms = max(bound_ms, (cap_ticks + 1) * unit_ms)
         else:
             high_ms = cap_ms
-        if check.weights:
-            choice = {t: options_by_table[t][max(w, key=w.get)] for t, w in check.weights.items()}
+        choice = {t: options_by_table[t][max(w, key=w.get)] for t, w in (check.weights or {}).items()}
+        if choice and tuple(map(id, choice.values())) not in seeded:  # a rounding already climbed from climbs the same way
+            seeded.add(tuple(map(id, choice.values())))
             seed, _ = _fitted(options_by_table, choice, cluster, deadline_s, rules)
             if not isinstance(seed, InfeasiblePlanError):
                 seed = rechoose_options(options_by_table, seed, cluster, time.monotonic() + (deadline_s - time.monotonic()) / 2,
@@ -273,7 +275,7 @@ def solve(
         # seeds found the best plan and its checks proved 2% in 2.6 s of a 2-core machine, where
         # three tenths ended before the last check that raised the bound
         best, best_peak, bound = _pattern_stage(PatternLP(options_by_table, world, unit_ms), options_by_table, cluster, best,
-                                                bound, unit_ms, config, time.monotonic() + (deadline - time.monotonic()) * 0.4, rules)
+                                                bound, unit_ms, config, time.monotonic() + (deadline - time.monotonic()) * 0.5, rules)
         target = max(target, bound * (1 + config.target_gap))
     if best_peak > target and small:
         # A quarter of the wall clock left, at most: where the optimisation stalls, probes under
