@@ -11,6 +11,7 @@ Flags come in as `Overrides`, merged once, here. A key no section reads is refus
 from __future__ import annotations
 
 import math
+import platform
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -252,10 +253,15 @@ def _train_config(doc: dict[str, Any], overrides: Overrides) -> TrainConfig:
         raise ConfigError("config: train: batch_size has one home, training: {batch_size_per_rank: N}; move it there")
     config = replace(section_dataclass(doc, "train", TrainConfig, "config"), **overrides.train())
     if None in (config.cpu_embeddings, config.interaction, config.store_io):
-        measured = measured_cpu_kernels(overrides.hardware or doc.get("hardware", DEFAULT_HARDWARE))
+        measured = measured_cpu_kernels(hardware_of(doc, overrides))
         config = replace(config, cpu_embeddings=config.cpu_embeddings or measured["embeddings"],
                          interaction=config.interaction or measured["interaction"], store_io=config.store_io or measured["store_io"])
     return config
+
+
+def hardware_of(doc: dict[str, Any], overrides: Overrides) -> Any:
+    """The hardware profile a config document runs with: the flag's, else its own, else the default."""
+    return overrides.hardware or doc.get("hardware", DEFAULT_HARDWARE)
 
 
 def measured_cpu_kernels(hardware: Any) -> dict[str, str]:
@@ -268,6 +274,31 @@ def measured_cpu_kernels(hardware: Any) -> dict[str, str]:
                           f"interaction to one of {', '.join(INTERACTIONS)} and store_io to one of "
                           f"{', '.join(CPU_KERNEL_CHOICES['store_io'])}; re-run dlrm-scale calibrate --kernels-only")
     return {**UNMEASURED_CPU_KERNELS, **measured}
+
+
+def this_cpu() -> str:
+    """This machine's CPU as a calibrated profile records it (`measured_on`): /proc/cpuinfo's model
+    name with its family and model numbers (a VM's model name can be as bare as "Intel(R) Xeon(R)
+    Processor"), else what `platform` knows."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return platform.processor() or platform.machine()
+    info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
+    name = info.get("model name") or platform.processor() or platform.machine()
+    return f"{name} (family {info['cpu family']}, model {info['model']})" if "cpu family" in info and "model" in info else name
+
+
+def measured_elsewhere(hardware: Any) -> str | None:
+    """Where a hardware profile was measured on another CPU than this one (its `measured_on`), what
+    to say: its CPU kernels and constants are that machine's (stop 33: FBGEMM's embedding kernel,
+    chosen on an AMD EPYC, took 3.4x ours on an Intel Xeon). None where the same or not recorded."""
+    path = hardware_path(str(hardware))
+    measured_on = read_yaml(path, "hardware profile").get("measured_on")
+    if measured_on is None or str(measured_on) == this_cpu():
+        return None
+    return (f"hardware profile {path} was measured on {measured_on}, this machine is {this_cpu()}: its cpu_kernels and "
+            f"constants may not hold here; run 'dlrm-scale calibrate --kernels-only --out {path}' (or a full calibrate)")
 
 
 def load_problem(config_path: str | Path | None = None, tables_csv: str | Path | None = None, hardware: str | None = None,

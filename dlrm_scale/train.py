@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dlrm_scale.bridge.resident import resident_plan
-from dlrm_scale.run_config import RunConfig
+from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.rank_end import end_rank
@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         job = check_job(parse_args(argv))
         rank, world, device = init_distributed()
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
+        elsewhere = measured_elsewhere(job.hardware) if device.type == "cpu" and rank == 0 else None
+        if elsewhere:
+            print(f"warning: {elsewhere}", file=sys.stderr, flush=True)
         plan = obtain_plan(job, run, rank)
         check_plan_runs(plan, run, device.type, [rank])
         if rank == 0:

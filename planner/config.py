@@ -68,6 +68,7 @@ PROFILE_KEYS = {
     "fitted_on": None,  # what `dlrm-scale calibrate` fitted the constants on, and its residuals
     "fit_residuals": None,
     "cpu_kernels": None,  # the trainer's measured kernel choice (dlrm_scale.train); not the planner's
+    "measured_on": None,  # the CPU `dlrm-scale calibrate` measured on (dlrm_scale.run_config.measured_elsewhere)
 }
 TRAINING_KEYS = tuple(f.name for f in fields(TrainingSpec))
 

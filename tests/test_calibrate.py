@@ -1,3 +1,6 @@
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -107,3 +110,35 @@ def test_store_samples_run_on_every_rank_at_once(tmp_path):
     assert [s["dim"] for s in samples] == [16, 128]
     assert all(s["misses"] > 0.6 * s["ids"] and s["seconds"] > s["hit_seconds"] > 0 for s in samples)
     assert not list(tmp_path.iterdir())  # every rank's files are gone
+
+
+def test_a_profile_measured_on_another_cpu_is_named_with_the_fix(tmp_path):
+    """A profile's kernels and constants are its machine's (FBGEMM's CPU embedding kernel, chosen
+    on an AMD EPYC, took 3.4x ours on an Intel Xeon): the trainer names the two CPUs and the fix."""
+    from dlrm_scale.run_config import load_problem, measured_elsewhere, this_cpu
+
+    base = Path("configs/hardware/cpu_gloo.yaml").read_text()
+    other, here, unstamped = tmp_path / "other.yaml", tmp_path / "here.yaml", tmp_path / "unstamped.yaml"
+    other.write_text(base + 'measured_on: "Some Other CPU (family 25, model 17)"\n')
+    here.write_text(base + f"measured_on: {json.dumps(this_cpu())}\n")
+    unstamped.write_text(base)
+    line = measured_elsewhere(other)
+    assert "Some Other CPU (family 25, model 17)" in line and this_cpu() in line and f"calibrate --kernels-only --out {other}" in line
+    assert measured_elsewhere(here) is None and measured_elsewhere(unstamped) is None
+    assert load_problem("configs/tiny.yaml", hardware=str(other)).cluster.device == "cpu"  # the key is a profile's
+
+
+def test_kernels_only_rewrites_the_choice_and_records_this_cpu(tmp_path, monkeypatch):
+    from dlrm_scale.run_config import measured_elsewhere, this_cpu
+    from dlrm_scale.tools import calibrate as calibrate_module
+    from planner.config import read_yaml
+
+    profile = tmp_path / "p.yaml"
+    profile.write_text(Path("configs/hardware/cpu_gloo.yaml").read_text() + 'measured_on: "Some Other CPU"\n')
+    chosen = {"embeddings": "fbgemm", "interaction": "dlrm_scale", "store_io": "pread"}
+    monkeypatch.setattr(calibrate_module, "choose_cpu_kernels", lambda store_directory=None: (dict(chosen), {}))
+    calibrate_module.calibrate_kernels(profile)
+    doc = read_yaml(profile, "hardware profile")
+    assert doc["measured_on"] == this_cpu() and measured_elsewhere(profile) is None
+    assert doc["cpu_kernels"]["embeddings"] == "fbgemm"  # the new choice; the profile's own store_io kept
+    assert doc["cpu_kernels"]["store_io"] == read_yaml(Path("configs/hardware/cpu_gloo.yaml"), "p")["cpu_kernels"]["store_io"]

@@ -109,6 +109,19 @@ def test_int8_comms_on_a_table_wise_plan(tmp_path: Path):
     assert all(0 < x["comm_bytes"] < 0.5 * x["comm_bytes_fp32_predicted"] for x in steps)
 
 
+def test_training_on_a_profile_measured_on_another_cpu_says_so_once(tmp_path: Path):
+    """Its kernels and constants are another machine's: one warning line (rank 0's) naming both
+    CPUs and the fix, and the run goes on."""
+    profile = tmp_path / "elsewhere.yaml"
+    profile.write_text(Path("configs/hardware/cpu_gloo.yaml").read_text() + 'measured_on: "Some Other CPU (family 25, model 17)"\n')
+    config = tmp_path / "c.yaml"
+    config.write_text(Path("configs/tiny.yaml").read_text().replace("hardware: cpu_gloo", f"hardware: {profile}"))
+    r = torchrun("--config", str(config), "--steps", "2", "--out-dir", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.count("warning: hardware profile") == 1 and "Some Other CPU (family 25, model 17)" in r.stderr
+    assert "calibrate --kernels-only" in r.stderr
+
+
 def test_int8_with_row_wise_tables_is_refused(tmp_path: Path):
     from dlrm_scale.run_config import load_problem
     from planner.plan import Plan, table_layout

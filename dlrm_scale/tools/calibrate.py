@@ -39,6 +39,7 @@ from dlrm_scale.tools.store_timing import store_samples_on_ranks
 from planner.specs import GIB
 from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields, gb_per_s, nonnegative_lstsq
 from dlrm_scale.tools.runs import load_run
+from dlrm_scale.run_config import this_cpu
 from planner.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
 from planner.errors import ConfigError
 
@@ -314,6 +315,8 @@ def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
 def _yaml_value(value) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and any(c in value for c in ":#{}[],&*!|>'\"%@`"):
+        return json.dumps(value)  # a CPU's name, say: quoted, so YAML reads it back as written
     return str(round(value, 6) if isinstance(value, float) else value)
 
 
@@ -329,8 +332,8 @@ def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     kept = {"store_io": existing["store_io"]} if isinstance(existing, dict) and "store_io" in existing else {}
     kernels, times = choose_cpu_kernels(store_directory=None if kept else profile.parent)
     kernels.update(kept)
-    lines = [line for line in profile.read_text().splitlines() if not line.startswith("cpu_kernels:")]
-    lines.append(f"cpu_kernels: {_yaml_value(kernels)}")
+    lines = [line for line in profile.read_text().splitlines() if not line.startswith(("cpu_kernels:", "measured_on:"))]
+    lines += [f"cpu_kernels: {_yaml_value(kernels)}", f"measured_on: {_yaml_value(this_cpu())}"]
     tmp = profile.with_name(profile.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(profile)
@@ -398,6 +401,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
             **fit_store(store, cfg.optimizer),
             **fit_embedding(emb, cfg.optimizer), **fit_comms(comms, cfg.nproc), "dense_gflops": gflops, "dense_update_ns": update_ns,
             "cpu_kernels": kernels,
+            "measured_on": this_cpu(),
         }
         write_profile(out, profile, "# Micro-benchmarks only: `dlrm-scale calibrate` was interrupted before its training runs.\n")
         header = (
