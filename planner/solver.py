@@ -58,6 +58,8 @@ class SolverConfig:
             raise ConfigError(f"solver: probe_step must be > 0, got {self.probe_step}")
         if not self.proof_gap >= 0:
             raise ConfigError(f"solver: proof_gap must be >= 0, got {self.proof_gap}")
+        if self.pattern_checks < 0 or self.pattern_rounds < 0:
+            raise ConfigError(f"solver: pattern_checks and pattern_rounds must be >= 0, got {self.pattern_checks} and {self.pattern_rounds}")
         if not self.greedy_shard_caps:
             raise ConfigError("solver: greedy_shard_caps needs at least one cap")
 

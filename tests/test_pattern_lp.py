@@ -9,6 +9,7 @@ import pytest
 
 from planner.bounds import shard_limited_bound_ms
 from planner.cpsat import to_ticks
+from planner.errors import ConfigError
 from planner.greedy import choose_options, pack
 from planner.pattern_lp import PatternLP
 from planner.solver import SolverConfig, _pattern_stage
@@ -76,3 +77,9 @@ def test_the_pattern_stage_raises_the_bound_validly_and_never_worsens_the_plan(t
                                              unit_ms, SolverConfig(), time.monotonic() + 60, RankRules())
     assert bound <= proven <= optimum * (1 + 1e-9)
     assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= peak(start, ranks)
+
+
+@pytest.mark.parametrize("setting", [{"pattern_checks": -1}, {"pattern_rounds": -1}])
+def test_negative_pattern_settings_are_refused_with_their_names(setting):
+    with pytest.raises(ConfigError, match="pattern_checks and pattern_rounds must be >= 0"):
+        SolverConfig(**setting)
