@@ -291,7 +291,7 @@ def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
     fig.savefig(RESULTS / "costmodel_regret.png", dpi=100)
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
@@ -346,7 +346,7 @@ def main() -> int:
     }
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
     doc = {"summary": summary, "regret": regrets, "rescored": args.rescore, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
-           "fit_half": fitted_on, "mixes": mixes, "hardware": _shown(hardware_path(args.hardware))}
+           "fit_half": fitted_on, "mixes": mixes, "hardware": shown_path(hardware_path(args.hardware))}
     (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
     plots(held_out, regrets, summary)
     if args.rescore:

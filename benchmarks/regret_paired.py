@@ -26,7 +26,7 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
   timed steps, the median over rounds and jobs) beside `simulate`'s prediction: where, within
   one job, one plan's step is longer than another's.
 
-    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--out JSON]
+    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--hardware YAML] [--out JSON]
     python benchmarks/regret_paired.py --pool A.json B.json [...] --out JSON   # trains nothing
 
 `--pool` scores the jobs of earlier runs together, mix by mix (the mixes every file holds), as
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config  # noqa: E402
+from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, shown_path, write_config  # noqa: E402
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 HELD_OUT = (1, 3, 5, 7, 9, 11)
@@ -216,6 +216,9 @@ def main() -> int:
     ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
     ap.add_argument("--out", type=Path, default=RESULTS / "regret_paired.json")
+    ap.add_argument("--hardware", type=Path, default=FITTED,
+                    help="the profile ours is planned with (default: the cost-model benchmark's refit; on another machine, "
+                         "a refit made there: profiles are per machine)")
     ap.add_argument("--pool", nargs="+", type=Path, metavar="JSON", help="score earlier runs' jobs together; trains nothing")
     ap.add_argument("--worker", nargs=4, metavar=("CONFIG", "PLANS", "ROTATE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -237,15 +240,15 @@ def main() -> int:
         print("error: --mixes takes indices 0-11 (comma-separated), --jobs >= 1, --blocks >= 3, --block-steps >= 2, --warmup >= 0",
               file=sys.stderr)
         return 2
-    if not FITTED.is_file():
-        print(f"error: {FITTED.relative_to(ROOT)} is missing; run benchmarks/costmodel_bench.py first", file=sys.stderr)
+    if not args.hardware.is_file():
+        print(f"error: --hardware {args.hardware} is missing; run benchmarks/costmodel_bench.py first, or give a profile", file=sys.stderr)
         return 2
     rng = np.random.default_rng(0)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for index in mixes:
             config = Path(tmp) / f"mix{index}.yaml"
-            write_config(config, generate_mix(index), str(FITTED))
+            write_config(config, generate_mix(index), str(args.hardware))
             start, jobs = time.monotonic(), [[] for _ in GROUPS]
             for k in range(args.jobs):  # a round of every group's job k, so a slow hour falls on every group
                 for g, labels in enumerate(GROUPS):
@@ -255,7 +258,7 @@ def main() -> int:
             print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
     doc = {"machine": platform.processor() or platform.machine(), "jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
-           "warmup": args.warmup, "hardware": str(FITTED.relative_to(ROOT)), "mixes": results}
+           "warmup": args.warmup, "hardware": shown_path(args.hardware), "mixes": results}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print_table(results)
     print_phases(results)
