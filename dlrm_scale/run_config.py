@@ -294,10 +294,10 @@ def measured_elsewhere(hardware: Any) -> str | None:
     to say: its CPU kernels and constants are that machine's (stop 33: FBGEMM's embedding kernel,
     chosen on an AMD EPYC, took 3.4x ours on an Intel Xeon). None where the same or not recorded."""
     path = hardware_path(str(hardware))
-    measured_on = read_yaml(path, "hardware profile").get("measured_on")
-    if measured_on is None or str(measured_on) == this_cpu():
+    measured_on, here = read_yaml(path, "hardware profile").get("measured_on"), this_cpu()
+    if measured_on is None or str(measured_on) == here:
         return None
-    return (f"hardware profile {path} was measured on {measured_on}, this machine is {this_cpu()}: its cpu_kernels and "
+    return (f"hardware profile {path} was measured on {measured_on}, this machine is {here}: its cpu_kernels and "
             f"constants may not hold here; run 'dlrm-scale calibrate --kernels-only --out {path}' (or a full calibrate)")
 
 

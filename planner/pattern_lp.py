@@ -102,12 +102,18 @@ class PatternLP:
         admissible = [j for j, o in enumerate(self.options) if o.largest_ticks <= cap_ticks]
         if {self.options[j].table for j in admissible} != set(self.tables):
             return PatternCheck(True, None, 0)
-        used = sorted({c for j in admissible for c in self.options[j].demand})
-        limit = np.zeros(self.classes, dtype=np.int64)
+        per_table: dict[str, dict[int, int]] = {}  # the most shards of each class any admissible option of a table has
+        for j in admissible:
+            table_most = per_table.setdefault(self.options[j].table, {})
+            for c, n in self.options[j].demand.items():
+                table_most[c] = max(table_most.get(c, 0), n)
+        limit = np.zeros(self.classes, dtype=np.int64)  # the most of each class a rank can hold: what all tables may bring
+        for table_most in per_table.values():
+            for c, n in table_most.items():
+                limit[c] += n
+        used = np.flatnonzero(limit).tolist()
         for c in used:
-            most = sum(max((self.options[j].demand.get(c, 0) for j in admissible if self.options[j].table == t), default=0)
-                       for t in self.tables)
-            limit[c] = 1 if self.once[c] else min(most, cap_ticks // self.ticks[c]) if self.ticks[c] else most
+            limit[c] = 1 if self.once[c] else min(limit[c], cap_ticks // self.ticks[c]) if self.ticks[c] else limit[c]
         master = _Master(self, admissible, used)
         usable = set(used)
         for load, pattern in self.patterns:  # less what this cap rules out: what is left still fits

@@ -210,8 +210,9 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
             if not isinstance(seed, InfeasiblePlanError):
                 seed = rechoose_options(options_by_table, seed, cluster, time.monotonic() + (deadline_s - time.monotonic()) / 2,
                                         rules, bound_ms * (1 + config.target_gap))
-                if _peak(seed, world) < best_peak:
-                    best, best_peak = seed, _peak(seed, world)
+                peak = _peak(seed, world)
+                if peak < best_peak:
+                    best, best_peak = seed, peak
                     high_ms = min(high_ms, best_peak)
     return best, best_peak, bound_ms
 
