@@ -19,7 +19,9 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
     python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3] [--runs DIR]
     python benchmarks/costmodel_bench.py --runs DIR --rescore   # the kept runs scored again, trains nothing
 
-Writes benchmarks/results/costmodel.json, costmodel.png (scatter) and costmodel_regret.png.
+Writes benchmarks/results/costmodel.json, costmodel_fitted.yaml, costmodel.png (scatter) and
+costmodel_regret.png; with --name NAME, costmodel_NAME.* instead (a profile belongs to the
+machine it was measured on, so another machine's results sit beside these, not over them).
 """
 
 from __future__ import annotations
@@ -254,7 +256,7 @@ def regret(rows: list[dict], resamples: int = REGRET_RESAMPLES) -> dict:
     return out
 
 
-def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
+def plots(held_out: list[dict], regrets: dict, summary: dict, stem: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,7 +278,7 @@ def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
     ax.set_title(f"held-out: Spearman {s['spearman']:.3f}, median |err| {100 * s['median_abs_rel_error']:.1f}%", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "costmodel.png", dpi=100)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=100)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     mixes = list(regrets)
     x = np.arange(len(mixes))
@@ -288,7 +290,7 @@ def plots(held_out: list[dict], regrets: dict, summary: dict) -> None:
     ax.set_ylim(0.95, max(1.1, max(max(r["ours"], r["torchrec"]) for r in regrets.values()) * 1.05))
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "costmodel_regret.png", dpi=100)
+    fig.savefig(RESULTS / f"{stem}_regret.png", dpi=100)
 
 
 def shown_path(path: Path) -> str:
@@ -311,7 +313,12 @@ def main() -> int:
     ap.add_argument("--rescore", action="store_true",
                     help="train nothing: refit and score the runs kept in --runs with the cost model as it is now "
                          "(the regrets stay those of the plans the runs trained)")
+    ap.add_argument("--name", help="results as costmodel_NAME.json, costmodel_NAME_fitted.yaml, ... (another machine's)")
     args = ap.parse_args()
+    if args.name is not None and not args.name.replace("_", "").isalnum():
+        print(f"error: --name must be letters, digits and underscores, got {args.name!r}", file=sys.stderr)
+        return 2
+    stem = f"costmodel_{args.name}" if args.name else "costmodel"
     if args.steps < 30 or args.repeats < 1 or not 2 <= args.mixes <= len(TABLE_COUNTS):
         print(f"error: --steps must be >= 30 (3 windows), --repeats >= 1, --mixes in 2..{len(TABLE_COUNTS)}", file=sys.stderr)
         return 2
@@ -322,7 +329,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
         runs.mkdir(parents=True, exist_ok=True)
-        fitted_profile = RESULTS / "costmodel_fitted.yaml"
+        fitted_profile = RESULTS / f"{stem}_fitted.yaml"
         fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
         _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
@@ -347,8 +354,8 @@ def main() -> int:
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
     doc = {"summary": summary, "regret": regrets, "rescored": args.rescore, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
            "fit_half": fitted_on, "mixes": mixes, "hardware": shown_path(hardware_path(args.hardware))}
-    (RESULTS / "costmodel.json").write_text(json.dumps(doc, indent=1) + "\n")
-    plots(held_out, regrets, summary)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plots(held_out, regrets, summary, stem)
     if args.rescore:
         print("rescored: predictions and fit from the model as it is now; the regrets are of the plans these runs trained")
     print(json.dumps(summary, indent=1))

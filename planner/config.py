@@ -48,6 +48,8 @@ PROFILE_KEYS = {
     "lookup_fwd_ns": "lookup_fwd_ns",
     "lookup_bwd_ns": "lookup_bwd_ns",
     "lookup_bwd_row_ns": "lookup_bwd_row_ns",
+    "lookup_fwd_weight_ns": "lookup_fwd_weight_ns",
+    "lookup_bwd_weight_ns": "lookup_bwd_weight_ns",
     "input_id_ns": "input_id_ns",
     "bucketize_id_ns": "bucketize_id_ns",
     "reduce_byte_ns": "reduce_byte_ns",

@@ -90,27 +90,30 @@ def optimizer_state_bytes(rows: int, cols: int, optimizer: str) -> int:
 
 
 def lookup_fwd_ms(num_lookups: float, distinct_rows: float, cols: int, tier_gb_per_s: float, launch_ms: float,
-                  per_id_ns: float = 0.0) -> float:
+                  per_id_ns: float = 0.0, per_weight_ns: float = 0.0) -> float:
     """Forward pooled lookup: each id adds one row of `cols` fp32 weights into its sample's sum.
 
     Assumes the kernel is bound by the tier's bandwidth for each distinct row of the batch (a
     repeated row is served by the processor's caches, and skewed ids repeat often), plus a
-    fixed cost per id (index handling and the adds; small on a GPU, the larger part on a CPU)
-    and a fixed launch cost per shard.
+    fixed cost per id (index handling), a cost per weight of each id's row (the adds: on a CPU
+    they, not the bytes, bound the many ids whose rows are cached) and a fixed launch cost per
+    shard.
     """
-    return transfer_ms(distinct_rows * cols * WEIGHT_BYTES, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + launch_ms
+    return (transfer_ms(distinct_rows * cols * WEIGHT_BYTES, tier_gb_per_s) + num_lookups * (per_id_ns + cols * per_weight_ns) * 1e-6
+            + launch_ms)
 
 
 def lookup_bwd_ms(num_lookups: float, distinct_rows: float, cols: int, optimizer: str, tier_gb_per_s: float,
-                  launch_ms: float, per_id_ns: float = 0.0, per_row_ns: float = 0.0) -> float:
+                  launch_ms: float, per_id_ns: float = 0.0, per_row_ns: float = 0.0, per_weight_ns: float = 0.0) -> float:
     """Backward with the optimizer fused in, as exact kernels (FBGEMM's, ours) run it: the ids
-    sorted and merged by row (a fixed cost per id), then each distinct row and its optimizer
-    state read and written once, with the optimizer's math (a fixed cost per row), plus a fixed
-    launch cost per shard.
+    sorted and merged by row (a fixed cost per id), each id's gradient row added into its
+    table row's (a cost per weight), then each distinct row and its optimizer state read and
+    written once, with the optimizer's math (a fixed cost per row), plus a fixed launch cost
+    per shard.
     """
     bytes_touched = distinct_rows * 2 * (cols * WEIGHT_BYTES + optimizer_state_bytes(1, cols, optimizer))
-    return (transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * per_id_ns * 1e-6 + distinct_rows * per_row_ns * 1e-6
-            + launch_ms)
+    return (transfer_ms(bytes_touched, tier_gb_per_s) + num_lookups * (per_id_ns + cols * per_weight_ns) * 1e-6
+            + distinct_rows * per_row_ns * 1e-6 + launch_ms)
 
 
 def distinct_rows_per_step(table: TableSpec, num_ids: float, shards_sharing: int = 1) -> float:
@@ -380,12 +383,13 @@ class AnalyticCostModel:
         else:  # row blocks share the ids evenly
             lookups, distinct = batch_ids / group, distinct_rows_per_step(table, batch_ids, group)
 
-        fwd_compute = lookup_fwd_ms(lookups, distinct, g.cols, bw, launch, cl.lookup_fwd_ns)
+        fwd_compute = lookup_fwd_ms(lookups, distinct, g.cols, bw, launch, cl.lookup_fwd_ns, cl.lookup_fwd_weight_ns)
         if req.cached:  # rows are made resident before the lookup
             misses = lookups * req.unique_ratio * (1.0 - req.hit_rate)
             fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.tier_gb_per_s(req.tier), cl.tier_latency_us(req.tier))
             fwd_compute += cache_lookup_ms(lookups, cl.cache_id_ns)
-        bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.lookup_bwd_ns, cl.lookup_bwd_row_ns)
+        bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.lookup_bwd_ns, cl.lookup_bwd_row_ns,
+                                    cl.lookup_bwd_weight_ns)
         if st is ShardingType.DATA_PARALLEL:
             bwd_compute += dense_gradient_ms(g.rows, g.cols, cl.dense_grad_ns)
             bwd_compute += replica_update_ms(g.rows, g.cols, opt, cl)

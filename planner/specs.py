@@ -135,9 +135,11 @@ class ClusterSpec:
     collective_latency_ms: float = 0.0  # fixed cost of one collective (paid a few times per step)
     comm_shard_ms: float = 0.0  # host work per shard in each embedding collective (its feature's splits and copies)
     comm_byte_ns: float = 0.0  # host work per byte a shard puts into or takes out of an embedding collective (copies)
-    lookup_fwd_ns: float = 0.0  # fixed cost per id looked up, beyond its bytes (large on CPUs)
+    lookup_fwd_ns: float = 0.0  # fixed cost per id looked up, beyond its bytes and adds
     lookup_bwd_ns: float = 0.0  # same for the backward with the fused optimizer
     lookup_bwd_row_ns: float = 0.0  # the backward's fixed cost per distinct row updated (the optimizer's math)
+    lookup_fwd_weight_ns: float = 0.0  # cost per weight of each row looked up (the pooled sum's adds; CPU)
+    lookup_bwd_weight_ns: float = 0.0  # same for the backward (each id's gradient gathered into its row's; CPU)
     input_id_ns: float = 0.0  # host-side handling of each id routed to its shard (input distribution)
     bucketize_id_ns: float = 0.0  # splitting each id of a row-wise table by row block before it is routed (CPU)
     reduce_byte_ns: float = 0.0  # summing each byte a reduce-scatter or all-reduce receives, on the host (CPU)
@@ -172,7 +174,8 @@ class ClusterSpec:
                 raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
         for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
             _positive(owner, name, getattr(self, name))
-        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "input_id_ns",
+        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns",
+                     "lookup_bwd_weight_ns", "input_id_ns",
                      "bucketize_id_ns", "reduce_byte_ns", "replica_table_ms",
                      "dense_update_ns", "dense_grad_ns", "dense_gflops",
                      "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):

@@ -22,6 +22,7 @@ def test_nonnegative_least_squares():
 
 def test_embedding_fit_recovers_the_cost_model_constants():
     launch, fwd_ns, bwd_ns, row_ns, gb_per_s = 0.2, 3.0, 15.0, 60.0, 20.0
+    fwd_weight_ns, bwd_weight_ns = 0.1, 0.4
     samples = []
     for dim in (16, 64, 128):
         for pooling in (1, 8, 32):
@@ -29,13 +30,16 @@ def test_embedding_fit_recovers_the_cost_model_constants():
                 lookups = 2048 * pooling
                 distinct = lookups * distinct_ratio
                 samples.append({"rows": 10**5, "dim": dim, "pooling": pooling, "lookups": lookups, "distinct": distinct,
-                                "fwd_ms": lookup_fwd_ms(lookups, distinct, dim, gb_per_s, launch, fwd_ns),
-                                "bwd_ms": lookup_bwd_ms(lookups, distinct, dim, "rowwise_adagrad", gb_per_s, launch, bwd_ns, row_ns)})
+                                "fwd_ms": lookup_fwd_ms(lookups, distinct, dim, gb_per_s, launch, fwd_ns, fwd_weight_ns),
+                                "bwd_ms": lookup_bwd_ms(lookups, distinct, dim, "rowwise_adagrad", gb_per_s, launch, bwd_ns, row_ns,
+                                                        bwd_weight_ns)})
     fit = fit_embedding(samples, "rowwise_adagrad")
     assert fit["kernel_launch_ms"] == pytest.approx(launch, rel=1e-6)
     assert fit["lookup_fwd_ns"] == pytest.approx(fwd_ns, rel=1e-6)
     assert fit["lookup_bwd_ns"] == pytest.approx(bwd_ns, rel=1e-6)
     assert fit["lookup_bwd_row_ns"] == pytest.approx(row_ns, rel=1e-6)
+    assert fit["lookup_fwd_weight_ns"] == pytest.approx(fwd_weight_ns, rel=1e-6)
+    assert fit["lookup_bwd_weight_ns"] == pytest.approx(bwd_weight_ns, rel=1e-6)
     assert fit["ddr_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-6)
 
 

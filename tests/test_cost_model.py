@@ -34,8 +34,13 @@ def test_lookup_fwd_and_bwd():
     assert cm.lookup_fwd_ms(2e6, 1e6, 64, 256.0, 0.01) == pytest.approx(1.01)
     # plus 3 ns for each of the 2e6 ids: 6 ms
     assert cm.lookup_fwd_ms(2e6, 1e6, 64, 256.0, 0.01, per_id_ns=3.0) == pytest.approx(7.01)
+    # plus 0.5 ns for each of the 64 weights of each id's row: 64 ms, and twice that at twice the width
+    assert cm.lookup_fwd_ms(2e6, 1e6, 64, 256.0, 0.01, per_id_ns=3.0, per_weight_ns=0.5) == pytest.approx(71.01)
+    assert cm.lookup_fwd_ms(2e6, 0.0, 128, 256.0, 0.0, per_weight_ns=0.5) == pytest.approx(128.0)
     # bwd with rowwise adagrad: 2 * (256 + 4) bytes per distinct row (1 ms), 5 ns per id (10 ms), 100 ns per row (100 ms)
     assert cm.lookup_bwd_ms(2e6, 1e6, 64, "rowwise_adagrad", 260.0 * 2, 0.0, 5.0, 100.0) == pytest.approx(111.0)
+    # plus 0.25 ns per weight of each id's gradient row gathered: 2e6 * 64 * 0.25 ns = 32 ms
+    assert cm.lookup_bwd_ms(2e6, 1e6, 64, "rowwise_adagrad", 260.0 * 2, 0.0, 5.0, 100.0, 0.25) == pytest.approx(143.0)
 
 
 def test_skewed_ids_cost_less_than_uniform_ones_at_the_same_count():

@@ -118,18 +118,21 @@ def embedding_samples(cfg: CalibrationConfig, embeddings: str, progress: tqdm | 
     return samples
 
 
-EMBEDDING_CONSTANTS = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s")
+EMBEDDING_CONSTANTS = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns",
+                       "lookup_bwd_weight_ns", "ddr_gb_per_s")
 
 
 def fit_embedding(samples: list[dict], optimizer: str) -> dict[str, float]:
     """The constants of cost_model.lookup_fwd_ms / lookup_bwd_ms, from the formulas themselves:
-    each is linear in a launch cost, costs per id and per distinct row, and 1 / bandwidth."""
+    each is linear in a launch cost, costs per id, per weight looked up and per distinct row,
+    and 1 / bandwidth."""
 
-    def fwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
-        return lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], gb_per_s(ms_per_byte), launch, fwd_ns)
+    def fwd(s, launch, fwd_ns, bwd_ns, row_ns, fwd_weight_ns, bwd_weight_ns, ms_per_byte):
+        return lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], gb_per_s(ms_per_byte), launch, fwd_ns, fwd_weight_ns)
 
-    def bwd(s, launch, fwd_ns, bwd_ns, row_ns, ms_per_byte):
-        return lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], optimizer, gb_per_s(ms_per_byte), launch, bwd_ns, row_ns)
+    def bwd(s, launch, fwd_ns, bwd_ns, row_ns, fwd_weight_ns, bwd_weight_ns, ms_per_byte):
+        return lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], optimizer, gb_per_s(ms_per_byte), launch, bwd_ns, row_ns,
+                             bwd_weight_ns)
 
     rows, targets = [], []
     basis = np.eye(len(EMBEDDING_CONSTANTS))

@@ -29,7 +29,8 @@ from planner.specs import ClusterSpec
 
 # The constants fitted, by profile key. A bandwidth is fitted as its reciprocal; "link_gb_per_s"
 # stands for the intra- and inter-node links at once (one node measures only one of them).
-FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "ddr_gb_per_s", "collective_latency_ms",
+FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns", "lookup_bwd_weight_ns",
+          "ddr_gb_per_s", "collective_latency_ms",
           "comm_shard_ms", "comm_byte_ns", "link_gb_per_s", "input_id_ns", "bucketize_id_ns", "reduce_byte_ns",
           "dense_grad_ns", "dense_update_ns", "replica_table_ms", "dense_gflops",
           "dense_overhead_ms", "step_overhead_ms", "table_overhead_ms")
