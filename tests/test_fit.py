@@ -83,6 +83,20 @@ def test_the_fit_recovers_what_the_runs_measured_from_a_wrong_start():
     assert weight_ns == pytest.approx(truth["lookup_fwd_weight_ns"] + truth["lookup_bwd_weight_ns"], rel=0.15)
 
 
+def test_a_start_too_small_to_matter_does_not_pin_its_constant():
+    """A start whose DDR bandwidth is near infinite (as a calibration on few runs can leave it):
+    its prior, relative to a value that moves no run, must not hold the bandwidth there when the
+    runs' distinct rows cost time."""
+    truth = {**TRUE, "ddr_gb_per_s": 0.5}  # slow enough that the rows' bytes take a good part of the lookups
+    true_cluster = make_cluster(ranks_per_node=2, device="cpu", **truth)
+    runs = [synthetic_run(f"{name}_{scheme}", tables, scheme, true_cluster)
+            for name, tables in mixes().items() for scheme in (None, "table_wise", "row_wise")]
+    start = make_cluster(ranks_per_node=2, device="cpu", **{**truth, "ddr_gb_per_s": 1e5})
+    fit = fit_runs([priced_with(r, start) for r in runs], start)
+    assert fit.residuals["step"] < 0.02
+    assert fit.values["ddr_gb_per_s"] == pytest.approx(profile_values(true_cluster)["ddr_gb_per_s"], rel=0.15)
+
+
 def scaled(run: MeasuredRun, factor: float) -> MeasuredRun:
     """`run` as a machine `factor` times slower measured it, every phase alike."""
     phases = tuple({g: ms * factor for g, ms in rank.items()} for rank in run.phases_ms)

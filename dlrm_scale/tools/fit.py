@@ -39,6 +39,7 @@ LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")
 OWN_WORK = tuple(g for g in PHASE_GROUPS if g not in COLLECTIVE_GROUPS)
 NO_TIME_GB_PER_S = float(2**40)  # the largest bandwidth a profile takes: its bytes then cost nothing
 PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of one run
+PRIOR_FLOOR = 0.1  # a constant's prior is relative to at least the value that makes 10% of the rows' time
 FLOOR_OF_STEP = 0.02  # a phase under 2% of its step is weighed as if it were 2%: its timer's noise is larger
 # Error relative to the measurement alone favours predicting low (a prediction 30% under a slow
 # run costs less than one 30% over a fast run): fitted that way, the cost-model benchmark's
@@ -148,16 +149,21 @@ class Fit:
 
 
 def _solve(rows: Sequence[tuple[np.ndarray, float]], start: ClusterSpec) -> np.ndarray:
-    """Non-negative least squares over (coefficients, target) rows, plus weak prior rows pulling
-    each constant towards `start`'s."""
+    """Non-negative least squares over (coefficients, target) rows (both relative to the
+    measurement), plus weak prior rows pulling each constant towards `start`'s: its error
+    relative to the start's value, or to the value that makes PRIOR_FLOOR of the rows' time
+    where that is larger. A start too small to matter to the runs (a bandwidth fitted near
+    infinite, say) would otherwise pin its constant there, however much the runs say otherwise."""
     a, b = [c for c, _ in rows], [t for _, t in rows]
+    rms_effect = np.sqrt(np.mean(np.square(np.array(a)), axis=0))  # relative time per unit of each constant
     prior = profile_values(start)
     for k, name in enumerate(FITTED):
         if prior[name] > 0:
+            scale = max(prior[name], PRIOR_FLOOR / rms_effect[k]) if rms_effect[k] > 0 else prior[name]
             row = np.zeros(len(FITTED))
-            row[k] = PRIOR_WEIGHT / prior[name]
+            row[k] = PRIOR_WEIGHT / scale
             a.append(row)
-            b.append(PRIOR_WEIGHT)
+            b.append(PRIOR_WEIGHT * prior[name] / scale)
     return nonnegative_lstsq(np.array(a), np.array(b))
 
 
