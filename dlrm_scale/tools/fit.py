@@ -13,7 +13,10 @@ measured time, then on log(predicted / measured) by Gauss-Newton rounds, over:
   a rank also holds its wait for the slowest rank, and the last to arrive waits for nobody;
 - per run, the step time (each phase group on its slowest rank, as simulate's step);
 - weak prior rows pulling each constant towards the starting profile's (its micro-benchmarks),
-  so a constant the runs barely exercise keeps its measured value.
+  so a constant the runs barely exercise keeps its measured value; each relative to the start's
+  value or, where larger, to the value that makes PRIOR_FLOOR of the rows' time (a start too
+  small to matter, such as a bandwidth a calibration left near infinite, must not pin its
+  constant there when the runs say otherwise).
 """
 
 from __future__ import annotations
@@ -150,10 +153,7 @@ class Fit:
 
 def _solve(rows: Sequence[tuple[np.ndarray, float]], start: ClusterSpec) -> np.ndarray:
     """Non-negative least squares over (coefficients, target) rows (both relative to the
-    measurement), plus weak prior rows pulling each constant towards `start`'s: its error
-    relative to the start's value, or to the value that makes PRIOR_FLOOR of the rows' time
-    where that is larger. A start too small to matter to the runs (a bandwidth fitted near
-    infinite, say) would otherwise pin its constant there, however much the runs say otherwise."""
+    measurement), plus the weak prior rows of the module's docstring."""
     a, b = [c for c, _ in rows], [t for _, t in rows]
     rms_effect = np.sqrt(np.mean(np.square(np.array(a)), axis=0))  # relative time per unit of each constant
     prior = profile_values(start)
