@@ -44,10 +44,11 @@ CONTROL = "table_wise@2, other interaction kernel"
 
 def other_interaction(config: str) -> str:
     """The dot interaction the trainer does not pick by default on this machine."""
-    from dlrm_scale.run_config import DEFAULT_HARDWARE, measured_cpu_kernels
-    from planner.config import read_yaml
+    from dlrm_scale.run_config import measured_cpu_kernels
+    from planner.config import profile_file, read_yaml
 
-    return "torchrec" if measured_cpu_kernels(read_yaml(Path(config), "config").get("hardware", DEFAULT_HARDWARE))["interaction"] == "dlrm_scale" else "dlrm_scale"
+    profile = profile_file(read_yaml(Path(config), "config"), f"config {config}")
+    return "torchrec" if measured_cpu_kernels(profile)["interaction"] == "dlrm_scale" else "dlrm_scale"
 
 
 def hand_plan(config: str, scheme: str, world: int, dp_max_rows: int | None = None) -> Plan:

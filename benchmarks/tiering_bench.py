@@ -305,10 +305,10 @@ def profiled_hit_rate(stats: Path, policy: str, load_factor: float) -> float:
 
 def profile_store_io() -> str:
     """How the trainer reads the SSD store by default here: the hardware profile's choice."""
-    from dlrm_scale.run_config import DEFAULT_HARDWARE, measured_cpu_kernels
-    from planner.config import read_yaml
+    from dlrm_scale.run_config import measured_cpu_kernels
+    from planner.config import profile_file, read_yaml
 
-    return measured_cpu_kernels(read_yaml(Path(ROOT, CONFIG), "config").get("hardware", DEFAULT_HARDWARE))["store_io"]
+    return measured_cpu_kernels(profile_file(read_yaml(Path(ROOT, CONFIG), "config"), f"config {CONFIG}"))["store_io"]
 
 
 def direct_io(steps: int) -> dict:

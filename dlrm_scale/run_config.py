@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from planner.config import DEFAULT_HARDWARE, PLANNER_SECTIONS, hardware_path, problem_from_doc, read_yaml, section_dataclass
+from planner.config import PLANNER_SECTIONS, hardware_path, problem_from_doc, profile_file, read_yaml, section_dataclass
 from planner.config import load_problem as planner_load_problem
 from planner.errors import ConfigError
 from planner.specs import GIB, PRECISION_ELEMENT_BYTES, PlanningProblem, TieringSpec, check_keys
@@ -220,6 +220,7 @@ class RunConfig:
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: Path | None = None  # the hardware profile file it is priced with (None: a problem built in code)
 
     @property
     def tiering(self) -> TieringSpec:
@@ -244,24 +245,20 @@ def load_run_config(config_path: str | Path | None, overrides: Overrides = Overr
     problem = problem_from_doc(doc, where, base, overrides.tables_csv, overrides.hardware, overrides.cluster(),
                                overrides.training(), overrides.stats)
     model = section_dataclass(doc, "model", ModelConfig, "config")
-    return RunConfig(problem, model, _train_config(doc, overrides), checkpoint)
+    profile = profile_file(doc, where, overrides.hardware)
+    return RunConfig(problem, model, _train_config(doc, overrides, profile), checkpoint, profile)
 
 
-def _train_config(doc: dict[str, Any], overrides: Overrides) -> TrainConfig:
+def _train_config(doc: dict[str, Any], overrides: Overrides, profile: Path) -> TrainConfig:
     section = doc.get("train")
     if isinstance(section, dict) and "batch_size" in section:
         raise ConfigError("config: train: batch_size has one home, training: {batch_size_per_rank: N}; move it there")
     config = replace(section_dataclass(doc, "train", TrainConfig, "config"), **overrides.train())
     if None in (config.cpu_embeddings, config.interaction, config.store_io):
-        measured = measured_cpu_kernels(hardware_of(doc, overrides))
+        measured = measured_cpu_kernels(profile)
         config = replace(config, cpu_embeddings=config.cpu_embeddings or measured["embeddings"],
                          interaction=config.interaction or measured["interaction"], store_io=config.store_io or measured["store_io"])
     return config
-
-
-def hardware_of(doc: dict[str, Any], overrides: Overrides) -> Any:
-    """The hardware profile a config document runs with: the flag's, else its own, else the default."""
-    return overrides.hardware or doc.get("hardware", DEFAULT_HARDWARE)
 
 
 def measured_cpu_kernels(hardware: Any) -> dict[str, str]:
@@ -345,4 +342,5 @@ def run_from_document(doc: Any, where: str, hardware: str | None = None) -> RunC
     check_keys(doc, PLANNER_SECTIONS + RUN_SECTIONS, where)
     problem = problem_from_doc(doc, where, Path.cwd(), hardware=hardware)
     model = section_dataclass(doc, "model", ModelConfig, where)
-    return RunConfig(problem, model, _train_config(doc, Overrides(hardware=hardware)))
+    profile = profile_file(doc, where, hardware)
+    return RunConfig(problem, model, _train_config(doc, Overrides(hardware=hardware), profile), profile=profile)

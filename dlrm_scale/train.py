@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         job = check_job(parse_args(argv))
         rank, world, device = init_distributed()
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
-        elsewhere = measured_elsewhere(job.hardware) if device.type == "cpu" and rank == 0 else None
+        elsewhere = measured_elsewhere(run.profile) if device.type == "cpu" and rank == 0 else None
         if elsewhere:
             print(f"warning: {elsewhere}", file=sys.stderr, flush=True)
         plan = obtain_plan(job, run, rank)

@@ -300,6 +300,15 @@ def load_problem(
     return problem_from_doc(config, where, base, tables_csv, hardware, cluster_overrides, training_overrides, stats_path)
 
 
+def profile_file(config: dict[str, Any], where: str, hardware: str | None = None) -> Path:
+    """The hardware profile a config document is priced with: `hardware` (a flag's), else the
+    document's own, else the default."""
+    name = hardware or config.get("hardware", DEFAULT_HARDWARE)
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: 'hardware' must be a profile name or a .yaml path")
+    return hardware_path(name)
+
+
 def problem_from_doc(
     config: dict[str, Any],
     where: str,
@@ -312,11 +321,8 @@ def problem_from_doc(
 ) -> PlanningProblem:
     """The planner's sections of a config document (`where` names it in errors; `base` is the
     folder its relative paths start from); the caller checked its top-level keys."""
-    profile_name = hardware or config.get("hardware", DEFAULT_HARDWARE)
-    if not isinstance(profile_name, str):
-        raise ConfigError(f"{where}: 'hardware' must be a profile name or a .yaml path")
-    profile_file = hardware_path(str(profile_name))
-    profile = cluster_fields(read_yaml(profile_file, "hardware profile"), f"hardware profile {profile_file}")
+    path = profile_file(config, where, hardware)
+    profile = cluster_fields(read_yaml(path, "hardware profile"), f"hardware profile {path}")
     cluster_section = mapping(config.get("cluster"), f"{where}: cluster")
     cluster = build_cluster(
         profile, {**cluster_fields(cluster_section, f"{where}: cluster"), **(cluster_overrides or {})}

@@ -8,11 +8,8 @@ import argparse
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from dlrm_scale.run_config import (CPU_EMBEDDINGS, INTERACTIONS, STORE_IO, CheckpointConfig, Overrides, RunConfig, hardware_of,
-                                   load_run_config)
-from planner.config import read_yaml
+from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, STORE_IO, CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.errors import ConfigError
 from planner.plan import Plan, check_plan_inputs, check_plan_tables
 from planner.plan_inputs import PlanInputs
@@ -89,11 +86,6 @@ class TrainJob:
     out_dir: Path
     resume: bool
     ignore_plan_inputs: bool = False
-
-    @property
-    def hardware(self) -> Any:
-        """The hardware profile the run is priced with, and whose cpu_kernels it runs."""
-        return hardware_of(read_yaml(Path(self.config_path), "config"), self.overrides)
 
     def on_cluster(self, world_size: int, ranks_per_node: int, device: str) -> RunConfig:
         """The run config on the job's real cluster (torchrun's ranks, torch's device)."""
