@@ -147,6 +147,7 @@ class ClusterSpec:
     dense_grad_ns: float = 0.0  # fixed cost per weight of a replica's dense gradient in the backward (CPU)
     replica_table_ms: float = 0.0  # fixed cost per replicated table per step (its optimizer and DDP work; CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
+    interaction_value_ns: float = 0.0  # cost per value of the interaction's input (features x dim per sample)
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
     dense_overhead_ms: float = 0.0  # fixed time per step of the dense layers' passes and optimizer (simulation)
     table_overhead_ms: float = 0.0  # the same per embedding table (input splitting, bookkeeping)
@@ -177,7 +178,7 @@ class ClusterSpec:
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns",
                      "lookup_bwd_weight_ns", "input_id_ns",
                      "bucketize_id_ns", "reduce_byte_ns", "replica_table_ms",
-                     "dense_update_ns", "dense_grad_ns", "dense_gflops",
+                     "dense_update_ns", "dense_grad_ns", "dense_gflops", "interaction_value_ns",
                      "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:

@@ -16,22 +16,23 @@ from tests.conftest import make_cluster, make_problem, table
 
 def test_dense_cost_counts_mlp_and_interaction():
     tables = [table("a", 10, 8), table("b", 10, 8)]
-    flops, params = dense_cost(tables, ModelConfig(num_dense_features=4, dense_arch=(8,), over_arch=(2, 1)))
+    flops, params, values = dense_cost(tables, ModelConfig(num_dense_features=4, dense_arch=(8,), over_arch=(2, 1)))
     # bottom 4->8, interaction of 3 vectors of dim 8 (3 pairs), top (8+3)->2->1
     mlp = 4 * 8 + 11 * 2 + 2 * 1
     assert flops == 3.0 * (2 * mlp + 2 * 8 * 3)
     assert params == mlp + 8 + 2 + 1
+    assert values == 3 * 8
 
 
 def test_simulation_adds_dense_and_overhead_to_the_planned_embedding_time():
     cluster = make_cluster(ranks_per_node=2, dense_gflops=100.0, step_overhead_ms=1.5, collective_latency_ms=0.1,
-                           dense_overhead_ms=0.7, dense_update_ns=2.0)
+                           dense_overhead_ms=0.7, dense_update_ns=2.0, interaction_value_ns=3.0)
     problem = make_problem([table("a", 10_000, 16, 3.0), table("b", 5_000, 16)], cluster, batch=256)
     plan = make_plan(problem)
     model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
     sim = simulate(plan, problem, model)
-    flops, params = dense_cost(problem.tables, model)
-    dense = (flops * 256 / (100.0 * 1e6) + 0.7
+    flops, params, values = dense_cost(problem.tables, model)
+    dense = (flops * 256 / (100.0 * 1e6) + values * 256 * 3.0 * 1e-6 + 0.7
              + dense_update_ms(params, 1, "adagrad", cluster.tier_gb_per_s(cluster.device_tier), 2.0))
     extra = dense + all_reduce_ms(4.0 * params, 2, cluster) + host_overhead_ms(2, cluster) + 4 * 0.1  # 4 collectives' latency
     embedding = rank_times_ms(plan, problem, AnalyticCostModel(cluster, problem.training))

@@ -2,7 +2,7 @@
 
 The embedding part is exactly what the planner optimised (planner.scoring with the same cost
 model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
-(planner.cost_model.dense_compute_ms, dense_update_ms, all_reduce_ms), and the host's framework
+(planner.cost_model.dense_compute_ms, interaction_ms, dense_update_ms, all_reduce_ms), and the host's framework
 work. Each rank's
 time is split into the phases the trainer times (dlrm_scale.training.phases), grouped as
 PHASE_GROUPS says, so a prediction and a run's metrics.jsonl compare phase by phase. A step
@@ -12,7 +12,7 @@ waits for the busiest rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from dlrm_scale.run_config import ModelConfig, TrainConfig
 from planner.cost_model import (
@@ -21,6 +21,7 @@ from planner.cost_model import (
     all_reduce_ms,
     dense_compute_ms,
     dense_overhead_ms,
+    interaction_ms,
     dense_update_ms,
     embedding_collectives,
     host_overhead_ms,
@@ -117,11 +118,12 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
             else:
                 p["a2a_bwd"] += perf.bwd_comms_ms
             storage[rank] = storage[rank] + shard.storage
-    flops_per_sample, params = dense_cost(problem.tables, model)
-    compute = (dense_compute_ms(flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
-               + dense_update_ms(params, 1, dense_optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+    dense = dense_cost(problem.tables, model)
+    compute = (dense_compute_ms(dense.flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
+               + interaction_ms(dense.interaction_values_per_sample * training.batch_size_per_rank, cluster.interaction_value_ns)
+               + dense_update_ms(dense.params, 1, dense_optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
                + dense_overhead_ms(cluster))
-    reduce = all_reduce_ms(4.0 * params, cluster.world_size, cluster)
+    reduce = all_reduce_ms(4.0 * dense.params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
     # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
     types = [t.sharding_type for t in plan.tables.values()]
@@ -137,9 +139,14 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
 
 
-def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> tuple[float, int]:
-    """Training FLOPs per sample (forward and twice that backward) and parameter count of the
-    dense part: bottom MLP, interaction and top MLP, as build_model lays them out."""
+class DenseCost(NamedTuple):
+    flops_per_sample: float  # training FLOPs: forward and twice that backward
+    params: int
+    interaction_values_per_sample: int  # the interaction's input: the dense vector and each pooled embedding
+
+
+def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> DenseCost:
+    """The dense part's work (bottom MLP, interaction and top MLP, as build_model lays them out)."""
     dim = tables[0].embedding_dim
     bottom = [config.num_dense_features, *config.dense_arch] + ([] if config.dense_arch[-1] == dim else [dim])
     features = len(tables) + 1
@@ -154,4 +161,4 @@ def dense_cost(tables: Sequence[TableSpec], config: ModelConfig) -> tuple[float,
     top = [top_in, *config.over_arch]
     mlp = sum(a * b for a, b in zip(bottom, bottom[1:])) + sum(a * b for a, b in zip(top, top[1:]))
     params = mlp + sum(bottom[1:]) + sum(top[1:]) + cross_params
-    return 3.0 * (2 * mlp + interaction_flops), params
+    return DenseCost(3.0 * (2 * mlp + interaction_flops), params, features * dim)
