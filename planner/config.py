@@ -58,6 +58,8 @@ PROFILE_KEYS = {
     "dense_grad_ns": "dense_grad_ns",
     "dense_gflops": "dense_gflops",
     "interaction_value_ns": "interaction_value_ns",
+    "pooled_value_ns": "pooled_value_ns",
+    "column_permute_value_ns": "column_permute_value_ns",
     "step_overhead_ms": "step_overhead_ms",
     "dense_overhead_ms": "dense_overhead_ms",
     "comm_shard_ms": "comm_shard_ms",

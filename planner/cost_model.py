@@ -24,7 +24,7 @@ from planner.specs import (
     TrainingSpec,
 )
 from planner.access_stats import TableAccess, zipf_unique_ids
-from planner.schemes import ALL_TO_ALL_SCHEMES, ROW_SCHEMES, cache_rows, cached_kernel_for
+from planner.schemes import ALL_TO_ALL_SCHEMES, COLUMN_SCHEMES, ROW_SCHEMES, cache_rows, cached_kernel_for
 from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 
 WEIGHT_BYTES = 4  # fp32 embedding weights
@@ -280,13 +280,28 @@ def dense_compute_ms(flops: float, gflops: float) -> float:
     return flops / (gflops * 1e6) if gflops > 0 else 0.0
 
 
-def interaction_ms(values: float, per_value_ns: float) -> float:
-    """Work per value entering the interaction (the dense vector and each pooled embedding),
-    forward and backward, beyond its FLOPs: stacking the pooled embeddings, the interaction's
-    passes over them and splitting their gradient back per table. Memory-bound rather than
-    GEMM-bound: on the Intel benchmark machine, FLOPs alone priced a 24-table dim-256 model's
-    dense phase 31% short and an 80-table dim-16 one 18% long."""
+def value_passes_ms(values: float, per_value_ns: float) -> float:
+    """Memory-bound passes over `values` fp32 values (copies, splits, permutes): neither FLOPs nor a
+    link's bytes bound them, so each kind is priced per value it moves, forward and backward:
+    - the interaction's input (the dense vector and each pooled embedding, features x dim per
+      sample; interaction_value_ns): stacking them and splitting their gradient back. FLOPs alone
+      priced a 24-table dim-256 model's dense phase 31% short on the Intel benchmark machine,
+      an 80-table dim-16 one 18% long;
+    - the pooled embeddings a rank regroups for the dense part (every table's, for its samples;
+      pooled_value_ns): the collectives deliver them by sharding type and rank, and TorchRec's
+      SparseArch splits them per feature and concatenates them in the model's order. Every plan
+      pays the same, but not in proportion to its collectives' bytes (a row-wise plan sends each
+      table's sums twice, a replica none), so it is priced apart from them;
+    - a column-split table's pooled sums put back in column order (column_permute)."""
     return values * per_value_ns * 1e-6
+
+
+def column_permute(table: TableSpec, cluster: ClusterSpec, training: TrainingSpec) -> Perf:
+    """What a table split by columns adds to every rank's collectives: the pooled sums arrive
+    rank by rank, so TorchRec permutes them back into the table's column order (its output
+    all-to-all's callback), each rank its own samples' full width, and their gradient back."""
+    ms = value_passes_ms(training.batch_size_per_rank * table.embedding_dim, cluster.column_permute_value_ns)
+    return Perf(fwd_comms_ms=ms, bwd_comms_ms=ms)
 
 
 def dense_overhead_ms(cluster: ClusterSpec) -> float:
@@ -368,9 +383,11 @@ class AnalyticCostModel:
                 cost, on_all = cache[key]
                 shards.append(cost)
                 shared = shared + on_all
+            if req.sharding_type in COLUMN_SCHEMES and len(req.geometries) > 1:
+                shared = shared + column_permute(req.table, self.cluster, self.training)
             options.append(
                 ShardingOption(req.table.name, req.sharding_type, req.compute_kernel, req.tier, req.geometries,
-                               tuple(shards), req.cache_fraction, shared, self.cluster.world_size if split else 0)
+                               tuple(shards), req.cache_fraction, shared, self.cluster.world_size if shared.total_ms else 0)
             )
         return options
 

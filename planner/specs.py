@@ -148,6 +148,8 @@ class ClusterSpec:
     replica_table_ms: float = 0.0  # fixed cost per replicated table per step (its optimizer and DDP work; CPU)
     dense_gflops: float = 0.0  # dense MLP throughput per rank, for step-time simulation
     interaction_value_ns: float = 0.0  # cost per value of the interaction's input (features x dim per sample)
+    pooled_value_ns: float = 0.0  # cost per pooled embedding value regrouped for the dense part (local batch x every table's dim)
+    column_permute_value_ns: float = 0.0  # cost per pooled value of a column-split table put back in column order
     step_overhead_ms: float = 0.0  # framework time per step outside the kernels (simulation)
     dense_overhead_ms: float = 0.0  # fixed time per step of the dense layers' passes and optimizer (simulation)
     table_overhead_ms: float = 0.0  # the same per embedding table (input splitting, bookkeeping)
@@ -178,7 +180,7 @@ class ClusterSpec:
         for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns",
                      "lookup_bwd_weight_ns", "input_id_ns",
                      "bucketize_id_ns", "reduce_byte_ns", "replica_table_ms",
-                     "dense_update_ns", "dense_grad_ns", "dense_gflops", "interaction_value_ns",
+                     "dense_update_ns", "dense_grad_ns", "dense_gflops", "interaction_value_ns", "pooled_value_ns", "column_permute_value_ns",
                      "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:

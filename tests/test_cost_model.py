@@ -222,3 +222,18 @@ def test_over_device_links_a_shards_collective_work_stays_on_its_rank():
     model, requests, (tw, _) = _table_wise_and_row_wise(make_cluster(ranks_per_node=4), t)
     assert tw.shards[0].perf == model.shard_perf(requests[0], requests[0].geometries[0])
     assert tw.every_rank_ms == 0 and tw.ranks_sharing == 0
+
+
+def test_a_column_split_table_costs_every_rank_its_permute_back_into_column_order():
+    """TorchRec puts a column-split table's sums back in column order on every rank, for its own
+    samples at the table's full width, forward and backward; one whole shard needs no permute."""
+    t = TableSpec("t", 100_000, 64, pooling_factor=3.0)
+    cluster = make_cluster(ranks_per_node=4, column_permute_value_ns=2.0)
+    model = AnalyticCostModel(cluster, TrainingSpec(batch_size_per_rank=1000))
+    split, whole = model.estimate([OptionRequest(t, ShardingType.COLUMN_WISE, "fused", "hbm", tuple(shard_geometry(t, ShardingType.COLUMN_WISE, n)))
+                                   for n in (4, 1)])
+    permute = 1000 * 64 * 2.0 / 1e6
+    assert split.every_rank.fwd_comms_ms == pytest.approx(permute) and split.every_rank.bwd_comms_ms == pytest.approx(permute)
+    assert split.every_rank.compute_ms == 0 and split.every_rank.input_dist_ms == 0
+    assert split.ranks_sharing == 4 and split.max_shard_ms == pytest.approx(split.shard_ms.max() + 2 * permute)
+    assert whole.every_rank_ms == 0 and whole.ranks_sharing == 0

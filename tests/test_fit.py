@@ -28,7 +28,8 @@ MODEL = ModelConfig(num_dense_features=13, dense_arch=(32,), over_arch=(16, 1))
 TRUE = dict(kernel_launch_ms=0.05, lookup_fwd_ns=2.0, lookup_bwd_ns=8.0, lookup_bwd_row_ns=60.0, lookup_fwd_weight_ns=0.1,
             lookup_bwd_weight_ns=0.3, ddr_gb_per_s=10.0,
             collective_latency_ms=0.8, comm_shard_ms=0.05, comm_byte_ns=0.5, intra_node_gb_per_s=1.5, inter_node_gb_per_s=1.5, input_id_ns=20.0,
-            dense_grad_ns=1.0, dense_update_ns=2.0, dense_gflops=40.0, interaction_value_ns=1.5, dense_overhead_ms=1.2,
+            dense_grad_ns=1.0, dense_update_ns=2.0, dense_gflops=40.0, interaction_value_ns=1.5, pooled_value_ns=2.5,
+            column_permute_value_ns=1.0, dense_overhead_ms=1.2,
             step_overhead_ms=0.4, table_overhead_ms=0.01)
 
 
@@ -76,7 +77,7 @@ def test_the_fit_recovers_what_the_runs_measured_from_a_wrong_start():
     assert compare(unseen, fit.values).predicted_step_ms == pytest.approx(unseen.step_ms, rel=0.02)
     truth = profile_values(true_cluster)
     for name in ("lookup_bwd_row_ns", "dense_grad_ns", "collective_latency_ms", "comm_byte_ns", "link_gb_per_s",
-                 "interaction_value_ns"):
+                 "interaction_value_ns", "pooled_value_ns", "column_permute_value_ns"):
         assert fit.values[name] == pytest.approx(truth[name], rel=0.15), name
     # the forward's and backward's lookups share one measured phase, so only their sum is known;
     # it must be found apart from the cost per id (the mixes' widths differ)

@@ -83,3 +83,23 @@ def test_each_sharding_type_runs_its_own_embedding_collectives():
         paid = latency_paid(a_scheme, b_scheme)
         assert [paid[g] for g in ("input_dist", "a2a_fwd", "a2a_bwd")] == pytest.approx([0.5 * types] * 3)
         assert paid["all_reduce"] == pytest.approx(2 * 0.5) and paid["embedding"] == paid["dense"] == 0.0
+
+
+def test_every_plan_pays_the_regrouping_of_its_pooled_embeddings_where_the_timers_put_it():
+    """Each rank regroups every table's pooled embeddings for its samples into the dense part's
+    input (and their gradient back), whatever the plan: a replicated table sends nothing over
+    the all-to-all but is regrouped all the same. The trainer's timers charge it to the
+    all-to-all phases it ends."""
+    problem = make_problem([table("a", 10_000, 16), table("b", 10_000, 32)], make_cluster(ranks_per_node=2), batch=256)
+    a, b = problem.tables
+    model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
+    plans = {"table_wise": Plan(2, 2, {"a": table_layout(a, ShardingType.TABLE_WISE, [0], "hbm"),
+                                       "b": table_layout(b, ShardingType.TABLE_WISE, [1], "hbm")}, (), 0.0, 0.0),
+             "replicated": Plan(2, 2, {t.name: table_layout(t, ShardingType.DATA_PARALLEL, [0, 1], "hbm") for t in (a, b)}, (), 0.0, 0.0)}
+    regroup = 256 * (16 + 32) * 2.0 / 1e6
+    for plan in plans.values():
+        with_regroup, without = (simulate(plan, replace(problem, cluster=replace(problem.cluster, pooled_value_ns=ns)), model)
+                                 for ns in (2.0, 0.0))
+        for r in range(2):
+            paid = {g: with_regroup.ranks[r].phases_ms[g] - without.ranks[r].phases_ms[g] for g in PHASE_GROUPS}
+            assert paid == pytest.approx({g: regroup if g in ("a2a_fwd", "a2a_bwd") else 0.0 for g in PHASE_GROUPS})

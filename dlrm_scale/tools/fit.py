@@ -35,7 +35,7 @@ from planner.specs import ClusterSpec
 FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns", "lookup_bwd_weight_ns",
           "ddr_gb_per_s", "collective_latency_ms",
           "comm_shard_ms", "comm_byte_ns", "link_gb_per_s", "input_id_ns", "bucketize_id_ns", "reduce_byte_ns",
-          "dense_grad_ns", "dense_update_ns", "replica_table_ms", "dense_gflops", "interaction_value_ns",
+          "dense_grad_ns", "dense_update_ns", "replica_table_ms", "dense_gflops", "interaction_value_ns", "pooled_value_ns", "column_permute_value_ns",
           "dense_overhead_ms", "step_overhead_ms", "table_overhead_ms")
 RECIPROCAL = {"ddr_gb_per_s", "link_gb_per_s", "dense_gflops"}
 LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")

@@ -2,7 +2,7 @@
 
 The embedding part is exactly what the planner optimised (planner.scoring with the same cost
 model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
-(planner.cost_model.dense_compute_ms, interaction_ms, dense_update_ms, all_reduce_ms), and the host's framework
+(planner.cost_model.dense_compute_ms, value_passes_ms, dense_update_ms, all_reduce_ms), and the host's framework
 work. Each rank's
 time is split into the phases the trainer times (dlrm_scale.training.phases), grouped as
 PHASE_GROUPS says, so a prediction and a run's metrics.jsonl compare phase by phase. A step
@@ -21,12 +21,12 @@ from planner.cost_model import (
     all_reduce_ms,
     dense_compute_ms,
     dense_overhead_ms,
-    interaction_ms,
     dense_update_ms,
     embedding_collectives,
     host_overhead_ms,
     replica_all_reduces,
     replica_update_ms,
+    value_passes_ms,
 )
 from planner.plan import Plan
 from planner.scoring import costed_options
@@ -120,11 +120,12 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
             storage[rank] = storage[rank] + shard.storage
     dense = dense_cost(problem.tables, model)
     compute = (dense_compute_ms(dense.flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
-               + interaction_ms(dense.interaction_values_per_sample * training.batch_size_per_rank, cluster.interaction_value_ns)
+               + value_passes_ms(dense.interaction_values_per_sample * training.batch_size_per_rank, cluster.interaction_value_ns)
                + dense_update_ms(dense.params, 1, dense_optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
                + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * dense.params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
+    regroup = value_passes_ms(training.batch_size_per_rank * sum(t.embedding_dim for t in problem.tables), cluster.pooled_value_ns)
     # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
     types = [t.sharding_type for t in plan.tables.values()]
     runs = embedding_collectives(types)
@@ -135,6 +136,8 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
         for group in COLLECTIVE_GROUPS:
             if group != "all_reduce":
                 p[group] += runs * cluster.collective_latency_ms
+        p["a2a_fwd"] += regroup  # the timers charge SparseArch's regrouping to the all-to-all it ends
+        p["a2a_bwd"] += regroup
     ranks = tuple(RankSimulation(r, phases[r], storage[r]) for r in range(world))
     return Simulation(ranks, training.batch_size_per_rank * cluster.world_size)
 
