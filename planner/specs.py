@@ -7,7 +7,7 @@ names the field and the fix, so bad input never reaches the cost model or the so
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Iterable
 
@@ -116,6 +116,9 @@ class TableSpec:
         return self.num_embeddings * self.embedding_dim
 
 
+BANDWIDTHS = ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s")  # > 0
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """Nodes of identical ranks, their memory tiers and links. Bandwidths in GB/s (1e9 B/s)."""
@@ -175,13 +178,10 @@ class ClusterSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
-        for name in ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per_s", "inter_node_gb_per_s"):
+        for name in BANDWIDTHS:
             _positive(owner, name, getattr(self, name))
-        for name in ("kernel_launch_ms", "collective_latency_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns",
-                     "lookup_bwd_weight_ns", "input_id_ns",
-                     "bucketize_id_ns", "reduce_byte_ns", "replica_table_ms",
-                     "dense_update_ns", "dense_grad_ns", "dense_gflops", "interaction_value_ns", "pooled_value_ns", "column_permute_value_ns",
-                     "step_overhead_ms", "dense_overhead_ms", "table_overhead_ms", "comm_shard_ms", "comm_byte_ns", "ddr_latency_us", "ssd_latency_us", "cache_id_ns"):
+        # every other float is a cost constant (ms, ns, us per unit of work) or a throughput: >= 0
+        for name in (f.name for f in fields(self) if f.type == "float" and f.name not in BANDWIDTHS):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ConfigError(f"{owner}: '{name}' must be >= 0")
