@@ -10,7 +10,7 @@ from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms
 from planner.plan import Plan, table_layout
 from planner.types import ShardingType
 from planner.planning import make_plan
-from planner.scoring import rank_times_ms
+from planner.scoring import costed_options, rank_times_ms
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -103,3 +103,29 @@ def test_every_plan_pays_the_regrouping_of_its_pooled_embeddings_where_the_timer
         for r in range(2):
             paid = {g: with_regroup.ranks[r].phases_ms[g] - without.ranks[r].phases_ms[g] for g in PHASE_GROUPS}
             assert paid == pytest.approx({g: regroup if g in ("a2a_fwd", "a2a_bwd") else 0.0 for g in PHASE_GROUPS})
+
+
+def test_the_replicas_all_reduce_hides_behind_the_busiest_ranks_sharded_backward():
+    """The replicas' DDP all-reduces their gradients while each rank computes its sharded
+    lookups' backward, and ends on every rank at once: every rank's all-reduce phase is shorter
+    by min(the replicas' all-reduce, the busiest rank's sharded backward), and so is the step."""
+    cluster = make_cluster(ranks_per_node=2, collective_latency_ms=0.0, lookup_bwd_ns=50.0)
+    model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
+    for replica_rows, bound_by in ((2_000, "all-reduce"), (2_000_000, "backward")):
+        problem = make_problem([table("heavy", 50_000, 16, 20.0), table("light", 50_000, 16), table("r", replica_rows, 16)],
+                               cluster, batch=256)
+        heavy, light, r = problem.tables
+        layouts = {"heavy": table_layout(heavy, ShardingType.TABLE_WISE, [0], "hbm"),
+                   "light": table_layout(light, ShardingType.TABLE_WISE, [1], "hbm")}
+        alone = Plan(2, 2, layouts, (), 0.0, 0.0)
+        beside = Plan(2, 2, {**layouts, "r": table_layout(r, ShardingType.DATA_PARALLEL, [0, 1], "hbm")}, (), 0.0, 0.0)
+        options = dict(costed_options(alone, replace(problem, tables=(heavy, light)), AnalyticCostModel(cluster, problem.training)))
+        backward = options["heavy"].shards[0].perf.bwd_compute_ms
+        assert backward > options["light"].shards[0].perf.bwd_compute_ms
+        reduce = all_reduce_ms(row_comm_bytes(replica_rows, 16, "fp32"), 2, cluster)
+        assert (reduce < backward) == (bound_by == "all-reduce")
+        without, with_replica = (simulate(p, problem, model) for p in (alone, beside))
+        for rank in range(2):
+            added = with_replica.ranks[rank].phases_ms["all_reduce"] - without.ranks[rank].phases_ms["all_reduce"]
+            assert added == pytest.approx(reduce - min(reduce, backward)), bound_by
+        assert with_replica.overlap.hidden_ms == pytest.approx(min(reduce, backward))

@@ -5,6 +5,9 @@ cost per id, row or weight, or bytes over a bandwidth, linear in 1 / bandwidth).
 predicted time of each phase on each rank is `offset + sum_k theta_k * coefficient_k`, where
 the coefficients come from simulating the run with one constant set to 1 and the others to 0
 (bandwidths to the largest a profile takes): the fit uses the cost model's own formulas, never a copy of them.
+One term is not linear: the all-reduce the sharded backward hides, a min() of two linear parts
+(simulate's overlap). Both parts are designed apart, and each fitting round takes the side that
+bounds the min() at that round's constants.
 
 The constants are then fitted by non-negative least squares, first on error relative to the
 measured time, then on log(predicted / measured) by Gauss-Newton rounds, over:
@@ -40,6 +43,7 @@ FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_
 RECIPROCAL = {"ddr_gb_per_s", "link_gb_per_s", "dense_gflops"}
 LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")
 OWN_WORK = tuple(g for g in PHASE_GROUPS if g not in COLLECTIVE_GROUPS)
+PHASE_GROUPS_INDEX = {g: i for i, g in enumerate(PHASE_GROUPS)}
 NO_TIME_GB_PER_S = float(2**40)  # the largest bandwidth a profile takes: its bytes then cost nothing
 PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of one run
 PRIOR_FLOOR = 0.1  # a constant's prior is relative to at least the value that makes 10% of the rows' time
@@ -86,25 +90,44 @@ def fitted_fields(cluster: ClusterSpec, values: dict[str, float]) -> dict[str, f
 
 @dataclass(frozen=True)
 class RunDesign:
-    """One run's predicted phases as `offset + coefficients @ theta`, per rank and group."""
+    """One run's predicted phases as `offset + coefficients @ theta`, per rank and group, before
+    the all-reduce the sharded backward hides (simulate's overlap, a min() of two linear parts:
+    `overlap_*` row 0 is the replicas' all-reduce, row 1 + r rank r's sharded backward)."""
 
     run: MeasuredRun
     offset: np.ndarray  # (ranks, groups)
     coefficients: np.ndarray  # (ranks, groups, constants)
+    overlap_offset: np.ndarray  # (1 + ranks,)
+    overlap_coefficients: np.ndarray  # (1 + ranks, constants)
+
+    def linear_at(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offset, coefficients) of the phases, the hidden all-reduce taken on the side of the
+        min() that bounds it at `theta` (each fitting round re-linearises there)."""
+        sides = self.overlap_offset + self.overlap_coefficients @ theta
+        side = 0 if sides[0] <= sides[1:].max(initial=0.0) else 1 + int(sides[1:].argmax())
+        offset, coefficients = self.offset.copy(), self.coefficients.copy()
+        reduce = PHASE_GROUPS_INDEX["all_reduce"]
+        offset[:, reduce] -= self.overlap_offset[side]
+        coefficients[:, reduce] -= self.overlap_coefficients[side]
+        return offset, coefficients
 
 
 def design(run: MeasuredRun) -> RunDesign:
     problem, model = run.run.problem, run.run.model
     zero = dict.fromkeys(FITTED, 0.0)
+    reduce = PHASE_GROUPS_INDEX["all_reduce"]
 
-    def phases(values: dict[str, float]) -> np.ndarray:
+    def parts(values: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         p = replace(problem, cluster=with_values(problem.cluster, values))
         sim = simulate(run.plan, p, model, run.run.train.dense_optimizer)
-        return np.array([[r.phases_ms[g] for g in PHASE_GROUPS] for r in sim.ranks])
+        phases = np.array([[r.phases_ms[g] for g in PHASE_GROUPS] for r in sim.ranks])
+        phases[:, reduce] += sim.overlap.hidden_ms
+        return phases, np.array([sim.overlap.replica_all_reduce_ms, *sim.overlap.sharded_backward_ms])
 
-    offset = phases(zero)
-    columns = [phases({**zero, name: 1.0}) - offset for name in FITTED]
-    return RunDesign(run, offset, np.stack(columns, axis=-1))
+    offset, overlap_offset = parts(zero)
+    columns = [parts({**zero, name: 1.0}) for name in FITTED]
+    return RunDesign(run, offset, np.stack([c[0] - offset for c in columns], axis=-1),
+                     overlap_offset, np.stack([c[1] - overlap_offset for c in columns], axis=-1))
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -126,22 +149,24 @@ def least_waiting_rank(phases_ms: Sequence[dict[str, float]], group: str) -> int
     return min(range(len(phases_ms)), key=lambda r: phases_ms[r][group])
 
 
-def _rows(d: RunDesign) -> list[tuple[np.ndarray, float, float]]:
-    """(coefficients, offset, measured target) of each fitted row of one run: predicted = offset + coefficients @ theta."""
+def _rows(d: RunDesign, theta: np.ndarray) -> list[tuple[np.ndarray, float, float, float]]:
+    """(coefficients, offset, measured target, floor) of each fitted row of one run, linear at
+    `theta`: predicted = offset + coefficients @ theta."""
     measured = np.array([[r[g] for g in PHASE_GROUPS] for r in d.run.phases_ms])
-    index = {g: i for i, g in enumerate(PHASE_GROUPS)}
+    offset, coefficients = d.linear_at(theta)
+    index = PHASE_GROUPS_INDEX
     rows = []
     for r in range(measured.shape[0]):
         for g in OWN_WORK:
-            rows.append((d.coefficients[r, index[g]], d.offset[r, index[g]], measured[r, index[g]]))
+            rows.append((coefficients[r, index[g]], offset[r, index[g]], measured[r, index[g]]))
     waited_least = {g: least_waiting_rank(d.run.phases_ms, g) for g in COLLECTIVE_GROUPS}
     for g, r in waited_least.items():
-        rows.append((d.coefficients[r, index[g]], d.offset[r, index[g]], measured[r, index[g]]))
+        rows.append((coefficients[r, index[g]], offset[r, index[g]], measured[r, index[g]]))
     # the step: each group on its slowest rank (simulate's step), linearised where the run had it
     slowest = [waited_least[g] if g in COLLECTIVE_GROUPS else int(measured[:, i].argmax()) for i, g in enumerate(PHASE_GROUPS)]
     step = d.run.step_ms
-    rows.append((sum(d.coefficients[r, i] for i, r in enumerate(slowest)), sum(d.offset[r, i] for i, r in enumerate(slowest)), step))
-    return rows
+    rows.append((sum(coefficients[r, i] for i, r in enumerate(slowest)), sum(offset[r, i] for i, r in enumerate(slowest)), step))
+    return [(*row, FLOOR_OF_STEP * step) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -175,11 +200,12 @@ def _relative(c: np.ndarray, offset: float, target: float, floor: float) -> tupl
 
 def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
     """The constants that best predict `runs`' phases, from `start`'s (its values are the priors)."""
-    rows = [(*row, FLOOR_OF_STEP * d.run.step_ms) for d in map(design, runs) for row in _rows(d)]
-    theta = _solve([_relative(*row) for row in rows], start)
+    designs = [design(run) for run in runs]
+    theta = np.array([profile_values(start)[name] for name in FITTED])
+    theta = _solve([_relative(*row) for d in designs for row in _rows(d, theta)], start)
     for _ in range(LOG_ROUNDS):
         linearised = []
-        for c, offset, target, floor in rows:
+        for c, offset, target, floor in (row for d in designs for row in _rows(d, theta)):
             if target < floor:  # kept relative, as in the first fit
                 linearised.append(_relative(c, offset, target, floor))
                 continue
