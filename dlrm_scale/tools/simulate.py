@@ -130,7 +130,7 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                 p["embedding"] -= update
                 p["dense"] += update
                 p["all_reduce"] += perf.bwd_comms_ms
-                replica_reduce += perf.bwd_comms_ms if rank == 0 else 0.0
+                replica_reduce += perf.bwd_comms_ms if rank == 0 else 0.0  # a replica is on every rank, alike: once
             else:
                 p["a2a_bwd"] += perf.bwd_comms_ms
                 backward[rank] += perf.bwd_compute_ms
