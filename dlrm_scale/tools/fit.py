@@ -44,6 +44,7 @@ RECIPROCAL = {"ddr_gb_per_s", "link_gb_per_s", "dense_gflops"}
 LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")
 OWN_WORK = tuple(g for g in PHASE_GROUPS if g not in COLLECTIVE_GROUPS)
 PHASE_GROUPS_INDEX = {g: i for i, g in enumerate(PHASE_GROUPS)}
+ALL_REDUCE = PHASE_GROUPS_INDEX["all_reduce"]  # the phase the overlap hides part of
 NO_TIME_GB_PER_S = float(2**40)  # the largest bandwidth a profile takes: its bytes then cost nothing
 PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of one run
 PRIOR_FLOOR = 0.1  # a constant's prior is relative to at least the value that makes 10% of the rows' time
@@ -106,22 +107,20 @@ class RunDesign:
         sides = self.overlap_offset + self.overlap_coefficients @ theta
         side = 0 if sides[0] <= sides[1:].max(initial=0.0) else 1 + int(sides[1:].argmax())
         offset, coefficients = self.offset.copy(), self.coefficients.copy()
-        reduce = PHASE_GROUPS_INDEX["all_reduce"]
-        offset[:, reduce] -= self.overlap_offset[side]
-        coefficients[:, reduce] -= self.overlap_coefficients[side]
+        offset[:, ALL_REDUCE] -= self.overlap_offset[side]
+        coefficients[:, ALL_REDUCE] -= self.overlap_coefficients[side]
         return offset, coefficients
 
 
 def design(run: MeasuredRun) -> RunDesign:
     problem, model = run.run.problem, run.run.model
     zero = dict.fromkeys(FITTED, 0.0)
-    reduce = PHASE_GROUPS_INDEX["all_reduce"]
 
     def parts(values: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         p = replace(problem, cluster=with_values(problem.cluster, values))
         sim = simulate(run.plan, p, model, run.run.train.dense_optimizer)
         phases = np.array([[r.phases_ms[g] for g in PHASE_GROUPS] for r in sim.ranks])
-        phases[:, reduce] += sim.overlap.hidden_ms
+        phases[:, ALL_REDUCE] += sim.overlap.hidden_ms
         return phases, np.array([sim.overlap.replica_all_reduce_ms, *sim.overlap.sharded_backward_ms])
 
     offset, overlap_offset = parts(zero)

@@ -116,6 +116,8 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
     for name, option in costed_options(plan, problem, cost_model):
         replica = plan.tables[name].sharding_type == "data_parallel"
         shared = option.every_rank  # collective work only (cost_model.exchange_shares)
+        if replica:  # every rank holds it alike and all-reduces its gradient once
+            replica_reduce += option.shards[0].perf.bwd_comms_ms
         for p in phases:
             p["input_dist"] += shared.input_dist_ms
             p["a2a_fwd"] += shared.fwd_comms_ms
@@ -130,7 +132,6 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                 p["embedding"] -= update
                 p["dense"] += update
                 p["all_reduce"] += perf.bwd_comms_ms
-                replica_reduce += perf.bwd_comms_ms if rank == 0 else 0.0  # a replica is on every rank, alike: once
             else:
                 p["a2a_bwd"] += perf.bwd_comms_ms
                 backward[rank] += perf.bwd_compute_ms
