@@ -39,6 +39,20 @@ def die_with_launcher() -> None:
             os._exit(1)
 
 
+def process_group_backend(cuda: bool) -> str:
+    """NCCL for the model's CUDA tensors; gloo for the small CPU tensors ranks agree on (a bad
+    loss, cache counters, memory peaks), which NCCL refuses (seen on an H200)."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
+def local_gpu(local_rank: int, gpus: int) -> torch.device:
+    """The GPU of this rank: one per rank (NCCL refuses two ranks on one GPU)."""
+    if local_rank >= gpus:
+        raise ConfigError(f"local rank {local_rank} has no GPU of its own: this machine has {gpus}; "
+                          f"start at most {gpus} ranks per node (--nproc_per_node {gpus})")
+    return torch.device(f"cuda:{local_rank}")
+
+
 def init_distributed() -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ:
         raise ConfigError("not started by torchrun: use 'torchrun --nproc_per_node N -m dlrm_scale.train ...' or 'dlrm-scale train'")
@@ -51,9 +65,9 @@ def init_distributed() -> tuple[int, int, torch.device]:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
     round_prefix = f"dlrm_scale/round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    dist.init_process_group(backend="nccl" if cuda else "gloo", store=dist.PrefixStore(round_prefix, store),
+    device = local_gpu(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()) if cuda else torch.device("cpu")
+    dist.init_process_group(backend=process_group_backend(cuda), store=dist.PrefixStore(round_prefix, store),
                             rank=rank, world_size=world)
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     return rank, dist.get_world_size(), device

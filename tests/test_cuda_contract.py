@@ -1,6 +1,6 @@
 """What the CUDA path hands TorchRec and FBGEMM, asserted without a GPU: the ShardingPlan of every
 scheme under every CUDA kernel (placements as TorchRec's own planner writes them, cache
-parameters), FBGEMM's fused parameters for the SSD store, and the comm codecs per precision.
+parameters, the SSD store's directory on SSD tables alone), and the comm codecs per precision.
 scripts/gpu_check.py runs the same on a GPU."""
 
 from __future__ import annotations
@@ -8,11 +8,16 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
+from torch.distributed.distributed_c10d import BackendConfig
 from torchrec.distributed.planner.utils import placement as torchrec_placement
+from torchrec.distributed.utils import add_params_from_parameter_sharding
 
 from dlrm_scale.bridge.qcomms import COMM_TYPES, qcomm_codecs_registry
 from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.sharders import sharder_for
+from dlrm_scale.train import local_gpu, process_group_backend
+from planner.errors import ConfigError
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec
 from planner.types import ShardingType
@@ -54,8 +59,14 @@ def test_a_data_parallel_table_is_replicated_with_the_dense_kernel():
     assert (ps.sharding_type, ps.compute_kernel, ps.sharding_spec, ps.ranks) == ("data_parallel", "dense", None, list(range(WORLD)))
 
 
-def test_the_ssd_store_directory_reaches_fbgemm_only_when_given(tmp_path):
-    assert sharder_for("fp32", "fp32", str(tmp_path)).fused_params == {"ssd_storage_directory": str(tmp_path)}
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_ssd_store_directory_reaches_the_ssd_kernel_alone(kernel, tmp_path):
+    """FBGEMM's other kernels refuse `ssd_storage_directory` (their constructor has no such
+    argument: seen on an H200), so it travels in the SSD tables' own sharding."""
+    plan, _ = plan_of(ShardingType.TABLE_WISE, kernel)
+    fused = add_params_from_parameter_sharding({}, to_sharding_plan(plan, "cuda", "", str(tmp_path)).plan[""]["t"])
+    assert fused.get("ssd_storage_directory") == (str(tmp_path) if kernel == "key_value" else None)
+    assert "ssd_storage_directory" not in add_params_from_parameter_sharding({}, to_sharding_plan(plan, "cuda").plan[""]["t"])
     assert not sharder_for("fp32", "fp32").fused_params
 
 
@@ -65,3 +76,15 @@ def test_every_comm_precision_gets_fbgemm_codecs(fwd, bwd):
     a2a = registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
     assert a2a.forward._comm_precision.value == fwd and a2a.backward._comm_precision.value == bwd
     assert qcomm_codecs_registry("fp32", "fp32", [32]) is None
+
+
+def test_each_rank_gets_its_own_gpu_or_one_line_naming_the_fix():
+    assert local_gpu(1, 2) == torch.device("cuda:1")
+    with pytest.raises(ConfigError, match=r"this machine has 1; start at most 1 ranks per node \(--nproc_per_node 1\)"):
+        local_gpu(1, 1)
+
+
+def test_on_cuda_cpu_tensors_meet_over_gloo_and_cuda_tensors_over_nccl():
+    routes = BackendConfig(process_group_backend(cuda=True)).get_device_backend_map()
+    assert (routes["cpu"], routes["cuda"]) == ("gloo", "nccl")
+    assert BackendConfig(process_group_backend(cuda=False)).get_device_backend_map()["cpu"] == "gloo"

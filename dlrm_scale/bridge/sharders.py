@@ -32,9 +32,6 @@ class WideEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return super().sharding_types(compute_device_type)
 
 
-def sharder_for(fwd: str, bwd: str, store_dir: str | None = None, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
-    """The sharder: quantized comms when asked (bridge.qcomms); on CUDA, FBGEMM's SSD kernel
-    (`key_value`) keeps its files in `store_dir`."""
-    registry = qcomm_codecs_registry(fwd, bwd, shard_widths)
-    fused = {"ssd_storage_directory": store_dir} if store_dir else None
-    return WideEmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=registry)
+def sharder_for(fwd: str, bwd: str, shard_widths: tuple[int, ...] = ()) -> WideEmbeddingBagCollectionSharder:
+    """The sharder: quantized comms when asked (bridge.qcomms)."""
+    return WideEmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomm_codecs_registry(fwd, bwd, shard_widths))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.planner.utils import placement
-from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, KeyValueParams, ParameterSharding, ShardingPlan
 
 from dlrm_scale.bridge.resident import resident_plan
 from planner.plan import Plan, PlannedShard, TablePlan
@@ -14,10 +14,11 @@ from planner.schemes import CACHED_KERNELS, cache_rows
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 
 
-def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> ParameterSharding:
+def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int, store_dir: str | None = None) -> ParameterSharding:
     """TorchRec's sharding of one table. Cached tables keep their kernel (FBGEMM's UVM cache or
-    SSD key-value store, CUDA-only) with the plan's load factor; on CPU to_sharding_plan
-    shards their resident caches instead."""
+    SSD key-value store, CUDA-only) with the plan's load factor, and an SSD table its files in
+    `store_dir` (per table: FBGEMM's other kernels refuse the SSD parameters); on CPU
+    to_sharding_plan shards their resident caches instead."""
     ranks = table.ranks
     if table.sharding_type == "data_parallel":
         return ParameterSharding(sharding_type="data_parallel", compute_kernel=table.compute_kernel, ranks=ranks)
@@ -32,17 +33,19 @@ def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int) -> Pa
         ]
     )
     cache = CacheParams(load_factor=table.cache_load_factor) if table.cached else None
+    ssd = KeyValueParams(ssd_storage_directory=store_dir) if table.compute_kernel == "key_value" and store_dir else None
     return ParameterSharding(
         sharding_type=table.sharding_type, compute_kernel=table.compute_kernel, ranks=ranks, sharding_spec=spec,
-        cache_params=cache,
+        cache_params=cache, key_value_params=ssd,
     )
 
 
-def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "") -> ShardingPlan:
-    """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g. "model.sparse_arch.embedding_bag_collection")."""
+def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "", store_dir: str | None = None) -> ShardingPlan:
+    """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g.
+    "model.sparse_arch.embedding_bag_collection"); FBGEMM's SSD tables keep their files in `store_dir`."""
     if device == "cpu":
         plan = resident_plan(plan)
-    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, plan.ranks_per_node)
+    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, plan.ranks_per_node, store_dir)
                                              for name, t in plan.tables.items()})
     return ShardingPlan({module_path: per_table})
 

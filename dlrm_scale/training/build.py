@@ -80,9 +80,8 @@ def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: Mode
     return DistributedModelParallel(
         model,
         device=device,
-        plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH),
-        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, store_dir if device.type == "cuda" else None,
-                              tuple(s.cols for t in plan.tables.values() for s in t.shards))],
+        plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH, store_dir),
+        sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, tuple(s.cols for t in plan.tables.values() for s in t.shards))],
     )
 
 
