@@ -6,7 +6,7 @@
 Each step is a real command (`dlrm-scale plan`, `torchrun ... dlrm_scale.train`, `calibrate`,
 `simulate`), run with a time limit; its log goes to OUT/<step>.log and its outcome, time and
 figures to OUT/gpu_check.json, step by step, so a run cut short still leaves what it measured.
-Steps: plan the tiny and a mid-size config for the device; train tiny on NCCL (one rank per
+Steps: FBGEMM's lookup kernels alone (HBM, UVM cache); plan the tiny and a mid-size config for the device; train tiny on NCCL (one rank per
 GPU, two where there are) with fused, fused_uvm_caching and key_value tables, and compare their
 losses (the plan never changes the model); every comm precision; more ranks than GPUs (refused
 in one line); checkpoint + resume bitwise with --deterministic; the mid-size config cached and
@@ -39,6 +39,28 @@ from planner.types import ShardingType  # noqa: E402
 TINY, MID = "configs/tiny.yaml", "configs/bench_kaggle_shaped.yaml"
 CACHED = {"fused_uvm_caching": ("ddr", 0.5), "key_value": ("ssd", 0.5)}
 CACHE_HEADROOM = 8
+# FBGEMM's table-batched lookup alone, forward + backward with its fused SGD, in HBM and in UVM
+# behind a 20% cache: the kernels every training step runs, timed before anything is built on them
+LOOKUP = """
+import json, time, torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
+rows, dim, tables, batch, ids = 100_000, 64, 2, 4096, 8
+figures = {}
+for where in (EmbeddingLocation.DEVICE, EmbeddingLocation.MANAGED_CACHING):
+    tbe = SplitTableBatchedEmbeddingBagsCodegen([(rows, dim, where, ComputeDevice.CUDA)] * tables, cache_load_factor=0.2)
+    indices = torch.randint(0, rows, (tables * batch * ids,), device="cuda")
+    offsets = torch.arange(0, indices.numel() + 1, ids, device="cuda")
+    times = []
+    for step in range(23):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        tbe(indices, offsets).sum().backward()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1e3)
+    figures[where.name.lower() + "_fwd_bwd_ms"] = sorted(times[3:])[10]  # median after 3 warm-ups
+print(json.dumps(figures))
+"""
 
 
 class Check:
@@ -167,6 +189,9 @@ def main() -> int:
     if not args.dry_run and not c.record["environment"]["cuda"]:
         print("no CUDA device: run on a GPU machine, or pass --dry-run", file=sys.stderr)
         return 2
+    if not args.dry_run and c.run("fbgemm_lookup", [sys.executable, "-c", LOOKUP]):
+        c.note("fbgemm_lookup", **json.loads([line for line in (out / "fbgemm_lookup.log").read_text().splitlines()
+                                               if line.startswith("{")][-1]))
     tiny, mid = c.config(TINY), c.config(MID)
     cli = [sys.executable, "-m", "dlrm_scale.cli"]
     plans = {}
