@@ -404,6 +404,12 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
     trainer_args = parse_args(rest)
     device = local_device()
     job = check_job(trainer_args, device)
+    if device == "cuda":
+        import torch
+
+        from dlrm_scale.train import local_gpu
+
+        local_gpu(args.nproc_per_node - 1, torch.cuda.device_count())  # the last local rank has a GPU of its own
     if trainer_args.plan and nodes:
         from dlrm_scale.train import check_plan_runs
 
