@@ -19,6 +19,7 @@ from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
+from dlrm_scale.training.host_group import init_host_group
 from dlrm_scale.training.rank_end import end_rank
 from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan
@@ -37,12 +38,6 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the agent died before the request took effect
             os._exit(1)
-
-
-def process_group_backend(cuda: bool) -> str:
-    """NCCL for the model's CUDA tensors; gloo for the small CPU tensors ranks agree on (a bad
-    loss, cache counters, memory peaks), which NCCL refuses (seen on an H200)."""
-    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 def local_gpu(local_rank: int, gpus: int) -> torch.device:
@@ -66,8 +61,9 @@ def init_distributed() -> tuple[int, int, torch.device]:
                           is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
     round_prefix = f"dlrm_scale/round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     device = local_gpu(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()) if cuda else torch.device("cpu")
-    dist.init_process_group(backend=process_group_backend(cuda), store=dist.PrefixStore(round_prefix, store),
+    dist.init_process_group(backend="nccl" if cuda else "gloo", store=dist.PrefixStore(round_prefix, store),
                             rank=rank, world_size=world)
+    init_host_group(cuda)
     if cuda:
         torch.cuda.set_device(device)
     return rank, dist.get_world_size(), device

@@ -1,22 +1,26 @@
 """What the CUDA path hands TorchRec and FBGEMM, asserted without a GPU: the ShardingPlan of every
 scheme under every CUDA kernel (placements as TorchRec's own planner writes them, cache
-parameters, the SSD store's directory on SSD tables alone), and the comm codecs per precision.
+parameters, the SSD store's directory on SSD tables alone), the comm codecs per precision, one
+GPU a rank, and host tensors' collectives kept off NCCL.
 scripts/gpu_check.py runs the same on a GPU."""
 
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
-from torch.distributed.distributed_c10d import BackendConfig
 from torchrec.distributed.planner.utils import placement as torchrec_placement
 from torchrec.distributed.utils import add_params_from_parameter_sharding
 
 from dlrm_scale.bridge.qcomms import COMM_TYPES, qcomm_codecs_registry
 from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.sharders import sharder_for
-from dlrm_scale.train import local_gpu, process_group_backend
+from dlrm_scale.tools.launch import _free_port
+from dlrm_scale.train import local_gpu
 from planner.errors import ConfigError
 from planner.plan import Plan, table_layout
 from planner.specs import TableSpec
@@ -84,7 +88,27 @@ def test_each_rank_gets_its_own_gpu_or_one_line_naming_the_fix():
         local_gpu(1, 1)
 
 
-def test_on_cuda_cpu_tensors_meet_over_gloo_and_cuda_tensors_over_nccl():
-    routes = BackendConfig(process_group_backend(cuda=True)).get_device_backend_map()
-    assert (routes["cpu"], routes["cuda"]) == ("gloo", "nccl")
-    assert BackendConfig(process_group_backend(cuda=False)).get_device_backend_map()["cpu"] == "gloo"
+
+@pytest.mark.distributed
+def test_host_tensors_meet_over_a_gloo_group_of_their_own_when_the_default_is_nccl():
+    """NCCL refuses CPU tensors, and TorchRec reads its device from the default group, which
+    therefore stays NCCL-only. Here a gloo default group stands in for NCCL, which needs a GPU."""
+    script = textwrap.dedent(f"""
+        import os
+        import torch, torch.distributed as dist
+        from dlrm_scale.training.host_group import host_group, init_host_group
+        from dlrm_scale.training.rank_end import end_rank
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{_free_port()}")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        init_host_group(cuda=True)
+        group = host_group()
+        assert group is not None and group is not dist.group.WORLD and dist.get_backend(group) == "gloo"
+        flag = torch.tensor([7])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        init_host_group(cuda=False)
+        assert host_group() is None  # on CPU the default group is gloo already
+        print("ok", end="")
+        end_rank(0)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "ok"), proc.stderr[-2000:]

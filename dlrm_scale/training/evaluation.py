@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
+from dlrm_scale.training.host_group import host_group
+
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, eval_data, num_batches: int, device: torch.device, world: int) -> dict[str, float]:
@@ -18,7 +20,7 @@ def evaluate(model: torch.nn.Module, eval_data, num_batches: int, device: torch.
         labels.append(lb.float().cpu())
     local = torch.stack([torch.cat(logits), torch.cat(labels)])
     gathered = [torch.empty_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)
+    dist.all_gather(gathered, local, group=host_group())
     all_ = torch.cat(gathered, dim=1)
     probs = torch.sigmoid(all_[0])
     auc = float(binary_auroc(probs, all_[1].long()))

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from dlrm_scale.training.comm_meter import CommMeter
+from dlrm_scale.training.host_group import host_group
 from dlrm_scale.training.phases import PHASES, PhaseTimer
 from planner.comm_volume import embedding_comm_bytes
 from planner.plan import Plan
@@ -70,11 +71,11 @@ class WindowReport:
         stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES)], dtype=torch.float64)
         gathered = [torch.empty_like(stats) for _ in range(self.world)]
         with self.meter.paused():  # bookkeeping, not the embeddings' traffic
-            dist.all_gather(gathered, stats)
+            dist.all_gather(gathered, stats, group=host_group())
         per_rank = torch.stack(gathered)
         step_ms = float(per_rank[:, 1:].sum(dim=1).max())
         memory = torch.tensor(resident_bytes(), dtype=torch.int64)
-        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
         emb_bytes, id_bytes = self.meter.reset()
         return {

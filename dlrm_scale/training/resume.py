@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from dlrm_scale.run_config import CheckpointConfig
 from dlrm_scale.training import checkpoint as ckpt
+from dlrm_scale.training.host_group import host_group
 from planner.diff import diff_plans
 from planner.errors import PlannerError
 from planner.plan import Plan
@@ -82,7 +83,7 @@ class Checkpoints:
     def stop_on_bad_loss(self, local_bad_step: int) -> None:
         """Every rank's first non-finite step (NO_BAD_STEP: none); stop, naming what is kept, if any."""
         flag = torch.tensor([local_bad_step], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=host_group())
         bad_step = int(flag[0])
         if bad_step == NO_BAD_STEP:
             return

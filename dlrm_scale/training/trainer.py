@@ -14,6 +14,7 @@ from dlrm_scale.training import checkpoint as ckpt
 from dlrm_scale.training.build import build_parts
 from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.evaluation import evaluate
+from dlrm_scale.training.host_group import host_group
 from dlrm_scale.training.lr_schedule import LRSchedule
 from dlrm_scale.training.metrics import MetricsLog, WindowReport
 from dlrm_scale.training.phases import step_runner
@@ -111,7 +112,7 @@ class Trainer:
         if self.tiered is not None:  # every rank's caches, summed over the window
             now = self.tiered.counters()
             summed = torch.tensor([now[k] - self._cache_before[k] for k in now], dtype=torch.int64)
-            dist.all_reduce(summed)
+            dist.all_reduce(summed, group=host_group())
             window = dict(zip(now, summed.tolist()))
             requests = window["cache_hits"] + window["cache_misses"]
             self.metrics.log({"step": step, **window, "cache_hit_rate": window["cache_hits"] / requests if requests else 1.0})
