@@ -242,7 +242,9 @@ def main() -> int:
     failed = [n for n, s in c.record["steps"].items() if s.get("ok") is False]
     c.record["passed"] = not failed
     c.save()
-    print(f"{len(c.record['steps']) - len(failed)} of {len(c.record['steps'])} steps passed; {out / 'gpu_check.json'}")
+    skipped = sum(s.get("ok") is None for s in c.record["steps"].values())
+    print(f"{len(c.record['steps']) - len(failed) - skipped} of {len(c.record['steps'])} steps passed, {skipped} skipped; "
+          f"{out / 'gpu_check.json'}")
     return 0 if not failed else 1
 
 
