@@ -6,13 +6,14 @@
 Each step is a real command (`dlrm-scale plan`, `torchrun ... dlrm_scale.train`, `calibrate`,
 `simulate`), run with a time limit; its log goes to OUT/<step>.log and its outcome, time and
 figures to OUT/gpu_check.json, step by step, so a run cut short still leaves what it measured.
-Steps: FBGEMM's lookup kernels alone (HBM, UVM cache); plan the tiny and a mid-size config for the device; train tiny on NCCL (one rank per
-GPU, two where there are) with fused, fused_uvm_caching and key_value tables, and compare their
-losses (the plan never changes the model); every comm precision; more ranks than GPUs (refused
-in one line); checkpoint + resume bitwise with --deterministic; the mid-size config cached and
-not; calibrate writing a profile (it measures collectives: two GPUs or more); simulate against
-the measured run. key_value needs an FBGEMM built with its SSD store (RocksDB): where the
-installed one lacks it, the step says so.
+Steps: FBGEMM's lookup kernels alone (HBM, UVM cache); plan the tiny and a mid-size config for
+the device; train tiny on NCCL (one rank per GPU, two where there are) with fused,
+fused_uvm_caching and key_value tables, and compare their losses (the plan never changes the
+model); every comm precision; more ranks than GPUs (refused in one line); checkpoint + resume
+bitwise with --deterministic; the mid-size config cached and not; calibrate writing a profile
+(it measures collectives: two GPUs or more); simulate against the measured run. key_value needs
+an FBGEMM built with its SSD store (RocksDB): where the installed one lacks it, the step says
+so.
 The dry run swaps CUDA for CPU: two gloo ranks, our CPU tiers for the cached kernels, and no fp8
 (FBGEMM's CPU codec fails), to check the script itself where no GPU is.
 """
@@ -211,7 +212,7 @@ def main() -> int:
             c.note(f"train_tiny_{kernel}", max_rel_loss_diff_vs_fused=max_rel_diff(run["losses"], fused["losses"]))
     for precision in ("fp16", "bf16", "int8", "fp8"):
         if args.dry_run and precision == "fp8":
-            c.note("comms_fp8", ok=None, skipped="FBGEMM's fp8 codec runs on CUDA only")
+            c.skip("comms_fp8", "FBGEMM's fp8 codec runs on CUDA only")
             continue
         # one layout for every precision (the plan was priced for fp32)
         c.train(f"comms_{precision}", tiny, plans["tiny"], "--comm-precision", precision, "--ignore-plan-inputs", steps=60)

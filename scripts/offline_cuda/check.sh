@@ -4,11 +4,12 @@
 # gpu_check.json and gpu_check_logs.tar.gz. CHECK_S bounds the check, so the results are copied in time.
 #   scripts/offline_cuda/check.sh DIR [--steps 100 ...]
 set -uo pipefail
+[ $# -ge 1 ] && [ -d "$1" ] || { echo "error: give the folder pack.sh filled and the calls carried: scripts/offline_cuda/check.sh DIR [gpu_check flags]" >&2; exit 2; }
 DIR=$1; shift
 SITE=$(cd "$DIR" && pwd)/site RESULTS=${RESULTS:-out}
 export PYTHONUNBUFFERED=1
 rm -rf "$SITE" "$DIR/bundle" && mkdir -p "$SITE" "$DIR/bundle"
-cat "$DIR"/part? | tar xf - -C "$DIR/bundle" || { echo "error: the parts in $DIR do not make a whole bundle: carry every part" >&2; exit 2; }
+cat "$DIR"/part? 2>/dev/null | tar xf - -C "$DIR/bundle" 2>/dev/null || { echo "error: the parts in $DIR do not make a whole bundle: carry every part" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$DIR"/bundle/zstandard-*.whl 2>&1 | grep -v "as the 'root' user"
 unzstd() {  # the image has no zstd program
   PYTHONPATH=$SITE python3 -c "import sys, zstandard

@@ -8,6 +8,13 @@
 #   then carry DIR/partK in call K (DIR ignored by git), and in the last: scripts/offline_cuda/check.sh DIR
 set -euo pipefail
 DIR=${1:-.gpu}
+# what it needs and what it replaces, said before the long work: DIR is emptied, so it may hold only parts
+for tool in zstd unzip git; do
+  command -v $tool >/dev/null || { echo "error: pack.sh needs $tool: install it" >&2; exit 2; }
+done
+if [ -e "$DIR" ] && find "$DIR" -mindepth 1 -maxdepth 1 ! -name 'part?' ! -name site ! -name bundle | grep -q .; then
+  echo "error: $DIR holds other files, and pack.sh empties it: give a new or a parts-only folder" >&2; exit 2
+fi
 PY=3.12 SM=90 FBGEMM=1.6.0 TORCHREC=1.6.1 ORTOOLS=9.15.6755
 CALL_BYTES=$((64 * 1024 * 1024))
 ROOT=$(git rev-parse --show-toplevel)
