@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import struct
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -67,19 +68,26 @@ def keep_sm(path: Path, sm: int | None) -> Counter:
     return held
 
 
+def fail(why: str) -> None:
+    print(f"error: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep-sm", type=int, required=True, help="the GPU's architecture, e.g. 90 for H100/H200")
     parser.add_argument("directory", type=Path)
     args = parser.parse_args()
+    if not args.directory.is_dir():
+        fail(f"{args.directory} is not a folder: give the unpacked wheel's folder")
     libraries = sorted(args.directory.rglob("*.so"))
     total: Counter = Counter()
     for path in libraries:  # look before zeroing: a missing architecture leaves the files as they were
         total.update(keep_sm(path, None))
     kept = total[("elf", args.keep_sm)]
     if not kept:
-        raise SystemExit(f"error: no sm_{args.keep_sm} cubins under {args.directory}: pick one of "
-                         f"{sorted({sm for kind, sm in total if kind == 'elf'})}")
+        fail(f"no sm_{args.keep_sm} cubins under {args.directory}: pick one of "
+             f"{sorted({sm for kind, sm in total if kind == 'elf'})}")
     for path in libraries:
         keep_sm(path, args.keep_sm)
     print(f"kept {kept / 2**20:.0f} MiB of sm_{args.keep_sm} cubins; zeroed {(sum(total.values()) - kept) / 2**20:.0f} MiB")
