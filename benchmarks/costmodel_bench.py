@@ -42,7 +42,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.tools.calibrate import refit_from_runs  # noqa: E402
 from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
 from planner.config import hardware_path  # noqa: E402
@@ -89,9 +88,9 @@ def generate_mix(index: int, seed: int = 0) -> list[dict]:
              "pooling_factor": round(float(pooling[i]), 2), "zipf_exponent": round(float(zipf[i]), 3)} for i in range(n)]
 
 
-def write_config(path: Path, tables: list[dict], hardware: str) -> None:
-    lines = [f"hardware: {hardware}", f"cluster: {{world_size: {WORLD}}}", f"training: {{batch_size_per_rank: {BATCH_SIZE_PER_RANK}}}",
-             f"model: {json.dumps(MODEL)}", "train: {log_every: 10, eval_batches: 1}", "tables:"]
+def write_config(path: Path, tables: list[dict], hardware: str, world: int = WORLD, log_every: int = 10) -> None:
+    lines = [f"hardware: {hardware}", f"cluster: {{world_size: {world}}}", f"training: {{batch_size_per_rank: {BATCH_SIZE_PER_RANK}}}",
+             f"model: {json.dumps(MODEL)}", f"train: {{log_every: {log_every}, eval_batches: 1}}", "tables:"]
     lines += [f"  - {json.dumps(t)}" for t in tables]
     path.write_text("\n".join(lines) + "\n")
 
@@ -331,6 +330,9 @@ def main() -> int:
         runs.mkdir(parents=True, exist_ok=True)
         fitted_profile = RESULTS / f"{stem}_fitted.yaml"
         fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
+        # here, not above: costmodel_gpu.py imports this module on a GPU machine that lacks calibrate.py's tools
+        from dlrm_scale.tools.calibrate import refit_from_runs
+
         _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
         held_dirs = run_mixes(list(range(1, args.mixes, 2)), str(fitted_profile), args.steps, args.repeats, runs, log, not args.rescore)

@@ -130,6 +130,20 @@ def test_a_start_too_small_to_matter_does_not_pin_its_constant():
     assert fit.values["ddr_gb_per_s"] == pytest.approx(profile_values(true_cluster)["ddr_gb_per_s"], rel=0.15)
 
 
+def test_a_start_without_a_dense_throughput_fits_one():
+    """A datasheet profile gives no dense throughput (0: the dense layers priced at nothing, as
+    configs/hardware/h100_dgx.yaml). Refitting it to runs whose dense phases take time must find
+    the throughput, not fail on its reciprocal or leave the dense layers free."""
+    true_cluster = make_cluster(ranks_per_node=2, device="cpu", **TRUE)
+    runs = [synthetic_run(f"{name}_{scheme}", tables, scheme, true_cluster)
+            for name, tables in mixes().items() for scheme in (None, "table_wise", "data_parallel")]
+    start = make_cluster(ranks_per_node=2, device="cpu", **{**TRUE, "dense_gflops": 0.0})
+    assert profile_values(start)["dense_gflops"] == 0.0
+    fit = fit_runs([priced_with(r, start) for r in runs], start)
+    assert fit.residuals["step"] < 0.02
+    assert fit.values["dense_gflops"] == pytest.approx(profile_values(true_cluster)["dense_gflops"], rel=0.15)
+
+
 def scaled(run: MeasuredRun, factor: float) -> MeasuredRun:
     """`run` as a machine `factor` times slower measured it, every phase alike."""
     phases = tuple({g: ms * factor for g, ms in rank.items()} for rank in run.phases_ms)

@@ -5,7 +5,8 @@
 # FBGEMM 1.6.0 (the release built for torch 2.11; 1.8.0 needs 2.13) cut to sm_90 cubins
 # (fatbin.py), TorchRec 1.6.1, OR-Tools, and what they import that the image lacks.
 #   scripts/offline_cuda/pack.sh [DIR=.gpu]     # about 7 minutes on 2 cores: DIR/part0, DIR/part1, ...
-#   then carry DIR/partK in call K (DIR ignored by git), and in the last: scripts/offline_cuda/check.sh DIR
+#   then carry DIR/partK in call K (DIR ignored by git): `unpack.sh --stash DIR` in each call but the
+#   last, and in the last scripts/offline_cuda/check.sh DIR (a call keeps only what it carries)
 set -euo pipefail
 DIR=${1:-.gpu}
 # what it needs and what it replaces, said before the long work: DIR is emptied, so it may hold only parts
