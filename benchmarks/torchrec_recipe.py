@@ -2,7 +2,8 @@
 
 A stand-alone script that uses only TorchRec's (and PyTorch's) public API, the way TorchRec's
 DLRM example and docs do it, and nothing from dlrm_scale: its EmbeddingShardingPlanner with its
-stock sharder, DistributedModelParallel on gloo, row-wise Adagrad fused into the backward
+stock sharder, DistributedModelParallel (on NCCL and the GPUs where there are GPUs, else on gloo
+and the CPU), row-wise Adagrad fused into the backward
 (apply_optimizer_in_backward), Adagrad for the dense part, TrainPipelineSparseDist, fp32 comms.
 Batches are generated before the timed loop (a fresh one every step), with each table's ids
 Zipf-distributed over a random permutation of its rows, at the exponent and mean pooling factor
@@ -83,9 +84,12 @@ def main() -> None:
     tables, model_cfg = config["tables"], config["model"]
     batch_size = config["training"]["batch_size_per_rank"]
 
-    dist.init_process_group("gloo")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
 
     dim = tables[0]["embedding_dim"]
@@ -98,7 +102,7 @@ def main() -> None:
     model = DLRMTrain(DLRM(ebc, model_cfg["num_dense_features"], dense_arch, list(model_cfg["over_arch"]), dense_device=device))
     apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": args.lr})
 
-    topology = Topology(world_size=world, compute_device="cpu", local_world_size=world)
+    topology = Topology(world_size=world, compute_device=device.type, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_size)
     sharders = [EmbeddingBagCollectionSharder()]
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
@@ -115,6 +119,8 @@ def main() -> None:
     for step in range(args.steps):
         pipeline.progress(it)
         if (step + 1) % args.log_every == 0:
+            if cuda:  # the window's kernels finished, not only launched
+                torch.cuda.synchronize()
             now = time.perf_counter()
             rates.append(args.log_every * batch_size * world / (now - start))
             start = now
@@ -124,7 +130,7 @@ def main() -> None:
             for p in module_plan.values():
                 schemes[p.sharding_type] = schemes.get(p.sharding_type, 0) + 1
         with open(args.out, "w") as f:
-            json.dump({"samples_per_s": rates, "schemes": schemes, "threads": os.environ.get("OMP_NUM_THREADS")}, f)
+            json.dump({"samples_per_s": rates, "schemes": schemes, "threads": os.environ.get("OMP_NUM_THREADS"), "device": device.type}, f)
     dist.barrier()
     dist.destroy_process_group()
 

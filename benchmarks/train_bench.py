@@ -12,6 +12,10 @@ rank sent per step in the embedding collectives (measured) against fp32's, and A
 the same number of steps.
 
     python benchmarks/train_bench.py [--repeats 3] [--steps 200] [--parts models,precision]
+    python benchmarks/train_bench.py --hardware h100_dgx --nproc 1 --parts models --out OUT.json   # on GPUs
+
+With --hardware and --nproc the configs are trained on that profile's device (CUDA: NCCL, FBGEMM's
+GPU kernels; the anchor takes the GPUs wherever there are GPUs) with that many ranks.
 
 Writes benchmarks/results/train.json and prints a Markdown table for the README.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,11 +37,12 @@ RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 MODELS = {"embedding_bound": "configs/bench_embedding_bound.yaml", "kaggle_shaped": "configs/bench_kaggle_shaped.yaml"}
 
 
-def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: str | None = None, seed: int = 0, tries: int = 2) -> dict:
+def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: str | None = None, seed: int = 0, tries: int = 2,
+        nproc: int = 2) -> dict:
     """One training job's figures; a job that dies (this shared machine) is run once more."""
     for attempt in range(tries):
         try:
-            return _run(config, steps, planner, precision, plan, seed)
+            return _run(config, steps, planner, precision, plan, seed, nproc)
         except RuntimeError as e:
             print(f"run failed (attempt {attempt + 1}): {str(e)[-300:]}", file=sys.stderr, flush=True)
     raise RuntimeError(f"training failed {tries} times: {config} {planner} {precision}")
@@ -45,12 +51,12 @@ def run(config: str, steps: int, planner: str, precision: str = "fp32", plan: st
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _run(config: str, steps: int, planner: str, precision: str, plan: str | None, seed: int) -> dict:
+def _run(config: str, steps: int, planner: str, precision: str, plan: str | None, seed: int, nproc: int) -> dict:
     if planner == "anchor":
-        return _run_anchor(config, steps, seed)
+        return _run_anchor(config, steps, seed, nproc)
     with tempfile.TemporaryDirectory() as out:
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "dlrm_scale.train",
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m", "dlrm_scale.train",
             "--config", config, "--steps", str(steps), "--planner", planner,
             "--comm-precision", f"fwd={precision},bwd={precision}" if precision != "fp16/bf16" else "fwd=fp16,bwd=bf16",
             "--out-dir", out, "--seed", str(seed), *(["--plan", plan, "--ignore-plan-inputs"] if plan else []),  # one layout, every precision
@@ -80,10 +86,10 @@ def _run(config: str, steps: int, planner: str, precision: str, plan: str | None
     }
 
 
-def _run_anchor(config: str, steps: int, seed: int) -> dict:
+def _run_anchor(config: str, steps: int, seed: int, nproc: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         result = Path(out, "result.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "benchmarks/torchrec_recipe.py",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "benchmarks/torchrec_recipe.py",
                "--config", config, "--steps", str(steps), "--seed", str(seed), "--out", str(result)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
         if proc.returncode != 0:
@@ -97,7 +103,23 @@ def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU")
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    return f"{cpu}, {os.cpu_count()} cores, Linux {os.uname().release}, THP {thp.read_text().strip() if thp.exists() else 'n/a'}"
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n") \
+        if shutil.which("nvidia-smi") else []
+    gpus = [g for g in gpus if g.strip()]
+    return (f"{cpu}, {os.cpu_count()} cores, Linux {os.uname().release}, THP {thp.read_text().strip() if thp.exists() else 'n/a'}"
+            + (f", {len(gpus)}x {gpus[0]}" if gpus else ""))
+
+
+def on_device(config: str, hardware: str, nproc: int, folder: Path) -> str:
+    """`config` on the profile `hardware` with `nproc` ranks, written into `folder` (JSON is YAML)."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / config).read_text())
+    doc["hardware"] = hardware
+    doc.setdefault("cluster", {})["world_size"] = nproc
+    path = folder / Path(config).name
+    path.write_text(json.dumps(doc))
+    return str(path)
 
 
 def spread(values: list[float]) -> list[float]:
@@ -111,17 +133,26 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--parts", default="models,precision", help="models, precision, or both")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per precision in the precision part")
+    ap.add_argument("--hardware", help="train on this hardware profile's device (e.g. h100_dgx: the GPUs)")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (on a GPU machine: at most one a GPU)")
     args = ap.parse_args()
+    if args.nproc < 1 or (args.nproc < 2 and "precision" in args.parts):
+        ap.error("--nproc must be >= 1, and >= 2 for the precision part (one rank sends nothing)")
+    models = dict(MODELS)
+    if args.hardware is not None or args.nproc != 2:
+        folder = Path(tempfile.mkdtemp())
+        models = {m: on_device(c, args.hardware or "cpu_gloo", args.nproc, folder) for m, c in MODELS.items()}
     parts = set(args.parts.split(","))
     results = json.loads(Path(args.out).read_text()) if Path(args.out).exists() and parts != {"models", "precision"} else {}
-    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds, machine=machine())
+    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds, machine=machine(), ranks=args.nproc,
+                   hardware=args.hardware or "as the configs give")
     results.setdefault("models", {})
     results.setdefault("comm_precision", {})
-    for model, config in MODELS.items() if "models" in parts else []:
+    for model, config in models.items() if "models" in parts else []:
         runs = {"ours": [], "anchor": []}
         for _ in range(args.repeats):
             for side in ("ours", "anchor"):
-                r = run(config, args.steps, side)
+                r = run(config, args.steps, side, nproc=args.nproc)
                 runs[side].append(r)
                 print(model, side, json.dumps(r), flush=True)
         ours = [r["samples_per_s"] for r in runs["ours"]]
@@ -132,14 +163,15 @@ def main() -> int:
             "ours_spread": spread(ours), "anchor_spread": spread(theirs),
             "speedup_per_pair": [round(a / b, 3) for a, b in zip(ours, theirs)], "runs": runs,
         }
-    config = MODELS["embedding_bound"]
+    config = models["embedding_bound"]
     base = None
     plan = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name  # one plan for all precisions
-    subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", config, "--out", plan], cwd=ROOT, check=True, capture_output=True)
+    if "precision" in parts:
+        subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", config, "--out", plan], cwd=ROOT, check=True, capture_output=True)
     # AUC after 200 steps moves by ~0.002 with the seed; each precision is compared with fp32
     # on the same seeds (same initial model and data), and the differences averaged
     for precision in ("fp32", "fp16/bf16", "int8") if "precision" in parts else []:
-        runs = [run(config, args.steps, "ours", precision, plan, seed) for seed in range(args.seeds)]
+        runs = [run(config, args.steps, "ours", precision, plan, seed, nproc=args.nproc) for seed in range(args.seeds)]
         base = base or runs
         diffs = [r["auc"] - b["auc"] for r, b in zip(runs, base)]
         results["comm_precision"][precision] = {
