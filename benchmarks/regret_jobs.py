@@ -1,0 +1,118 @@
+"""Planner regret as users meet it: each plan trained as its own job, many alternated rounds.
+
+regret_paired.py measures plans side by side in one job, where every plan's model lives in the
+same two processes; there a plan's ratio also moves 3-5% from job to job with where its
+memory lands, and a process holds several models at once, which no user runs. costmodel_bench.py
+trains each plan as its own job, but only 3 times, and a job's step varies by ~11% from one run
+to the next. Here one mix's plans are trained as separate `torchrun -m dlrm_scale.train` jobs
+(as costmodel_bench.py trains them), round after round, the plans' order rotating each round,
+so a slow spell of the machine falls on neighbouring jobs of every plan:
+- a job's step: the median over its logging windows after the first (as every benchmark here);
+- per round, each plan's step over ours in that round; the regret: ours' median step over the
+  fastest plan's, with a 90% bootstrap interval resampling whole rounds.
+
+    python benchmarks/regret_jobs.py [--mix 7] [--plans ours,torchrec,table_wise] [--rounds 20] [--steps 120]
+
+Needs the held-out profile costmodel_bench.py fitted (--hardware, default
+benchmarks/results/costmodel_intel_fitted.yaml: ours is planned with it, as in that
+benchmark). Writes --out (default benchmarks/results/regret_jobs_mixN.json) after every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_mix, given_plan, layout_key,  # noqa: E402
+                                        train, write_config)
+from benchmarks.regret_paired import rotated  # noqa: E402
+from dlrm_scale.run_config import load_problem  # noqa: E402
+from dlrm_scale.tools.runs import load_run  # noqa: E402
+from planner.errors import ConfigError  # noqa: E402
+
+RESAMPLES = 4000
+
+
+def regret(steps: dict[str, list[float]], layouts: dict[str, str]) -> dict:
+    """Ours (and each plan) over the fastest, from the plans' median steps; a 90% interval from
+    whole rounds resampled (round k of every plan together). Labels that trained the same plan
+    are pooled round by round."""
+    pooled = {}
+    for label, layout in layouts.items():
+        pooled.setdefault(layout, []).append(np.array(steps[label]))
+    by_layout = {k: np.mean(v, axis=0) for k, v in pooled.items()}  # a round's step, labels of one plan averaged
+    medians = {label: float(np.median(by_layout[layouts[label]])) for label in steps}
+    fastest = min(medians, key=medians.get)
+    keys = sorted(by_layout)
+    table = np.stack([by_layout[k] for k in keys], axis=1)  # [round, layout]
+    rng = np.random.default_rng(0)
+    draws = np.median(table[rng.integers(0, len(table), size=(RESAMPLES, len(table)))], axis=1)  # [resample, layout]
+    over_fastest = draws / draws.min(axis=1, keepdims=True)
+    interval = {label: [float(q) for q in np.percentile(over_fastest[:, keys.index(layouts[label])], [5, 95])] for label in steps}
+    per_round = {label: [round(a / b, 4) for a, b in zip(steps[label], steps["ours"])] for label in steps}
+    return {"fastest": fastest, "median_step_ms": medians, "over_fastest": {k: v / medians[fastest] for k, v in medians.items()},
+            "over_fastest_interval_90": interval, "over_ours_per_round": per_round,
+            "over_ours_median_of_rounds": {k: float(np.median(v)) for k, v in per_round.items()}}
+
+
+def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: dict[str, list[float]], rounds: int) -> dict:
+    doc = {"mix": args.mix, "rounds": rounds, "rounds_asked": args.rounds, "steps": args.steps, "hardware": args.hardware,
+           "layouts": layouts, "steps_ms": steps, **regret(steps, layouts)}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mix", type=int, default=7)
+    ap.add_argument("--plans", default="ours,torchrec,table_wise", help=f"labels among {', '.join(PLANS)}; ours is needed")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--hardware", default=str(RESULTS / "costmodel_intel_fitted.yaml"))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    labels = [p for p in args.plans.split(",") if p]
+    if not 0 <= args.mix < len(TABLE_COUNTS) or "ours" not in labels or set(labels) - set(PLANS) or args.rounds < 3 or args.steps < 30:
+        ap.error(f"--mix in 0-{len(TABLE_COUNTS) - 1}, --plans among {', '.join(PLANS)} with ours, --rounds >= 3, --steps >= 30")
+    out = args.out or RESULTS / f"regret_jobs_mix{args.mix}.json"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        config = folder / f"mix{args.mix}.yaml"
+        write_config(config, generate_mix(args.mix), args.hardware)
+        problem = load_problem(config)
+        plans = {label: given_plan(problem, label) for label in labels}
+        steps: dict[str, list[float]] = {label: [] for label in labels}
+        layouts: dict[str, str] = {}
+        for r in range(args.rounds):
+            for label in rotated(labels, r):
+                run_dir = folder / f"{label}_r{r}"
+                train(config, args.steps, label, plans[label], run_dir, print)
+                run = load_run(run_dir, args.hardware)
+                layouts.setdefault(label, layout_key(run.plan))
+                if layout_key(run.plan) != layouts[label]:
+                    raise RuntimeError(f"{label} trained another plan in round {r}: the planner is not deterministic")
+                steps[label].append(run.step_ms)
+                shutil.rmtree(run_dir)
+                print(f"round {r} {label}: {run.step_ms:.2f} ms", flush=True)
+            doc = write(out, args, layouts, steps, r + 1)  # after every round: a stopped run keeps its rounds
+    print(json.dumps({k: doc[k] for k in ("fastest", "median_step_ms", "over_fastest", "over_fastest_interval_90",
+                                          "over_ours_median_of_rounds")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
