@@ -196,6 +196,26 @@ def test_a_plan_mixes_sharding_types_only_where_their_extra_collectives_pay():
     assert pinned.tables["hot"].sharding_type == "row_wise"
 
 
+def test_a_folded_plan_keeps_the_type_that_gives_the_shortest_step_not_the_most_used_one():
+    """One hot table split beside five small table-wise ones, at a costly collective: leaving out
+    the type the fewest tables use puts the hot table whole on one rank; leaving out table-wise
+    instead splits every table and halves the busiest rank. The planner tries both."""
+    from planner.constraints import constrain
+    from planner.cost_model import sharding_types_ms
+
+    tables = [table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(5)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=2, collective_latency_ms=1.0))
+
+    def step_ms(plan):
+        return plan.max_rank_ms + sharding_types_ms((t.sharding_type for t in plan.tables.values()), problem.cluster)
+
+    plan = make_plan(problem)
+    all_table_wise = make_plan(constrain(problem, {"tables": [{"match": "*", "schemes": ["table_wise"]}]}))
+    assert len({t.sharding_type for t in plan.tables.values()}) == 1 and "fewer-types" in plan.solver
+    assert plan.tables["hot"].sharding_type != "table_wise" and len(plan.tables["hot"].shards) == 2
+    assert step_ms(plan) < step_ms(all_table_wise) and plan.max_rank_ms < 0.75 * all_table_wise.max_rank_ms
+
+
 def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
     """Row-wise, column-wise and table-wise together at no collective cost; at a costly one,
     two re-solves (row-wise left out, then column-wise) leave one type and a shorter step."""
