@@ -368,9 +368,15 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_cli(entry) -> None:
+    """Exit with `entry()`'s status; a user's error (a bad --hardware, kept runs that do not read
+    back) is one line and exit 2, before any training."""
     try:
-        sys.exit(main())
-    except ConfigError as e:  # a bad --hardware, or kept runs that do not read back: one line, before any training
+        sys.exit(entry())
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.costmodel_bench import (TABLE_COUNTS, accuracy, generate_mix, layout_key, phase_errors,  # noqa: E402
-                                        shown_path, write_config)
+                                        run_cli, shown_path, write_config)
 from dlrm_scale.run_config import load_problem  # noqa: E402
 from dlrm_scale.tools.fit import compare, profile_values  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
@@ -119,6 +119,8 @@ def describe(run, fitted_values: dict, datasheet_values: dict) -> dict:
 def score(runs: Path, hardware: str, name: str) -> dict:
     from dlrm_scale.tools.calibrate import refit_from_runs  # not on the GPU machine: the runs are scored here
 
+    if not runs.is_dir():
+        raise ConfigError(f"{runs}: no such folder; give --runs the folder `--train --runs` filled")
     dirs = sorted((d for d in runs.iterdir() if d.is_dir() and (d / "metrics.jsonl").is_file()),
                   key=lambda d: (int(d.name.split("_")[0][3:]), d.name))
     if not dirs:
@@ -173,8 +175,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

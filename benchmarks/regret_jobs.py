@@ -34,11 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_mix, given_plan, layout_key,  # noqa: E402
-                                        train, write_config)
+                                        run_cli, train, write_config)
 from benchmarks.regret_paired import rotated  # noqa: E402
 from dlrm_scale.run_config import load_problem  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
-from planner.errors import ConfigError  # noqa: E402
 
 RESAMPLES = 4000
 
@@ -111,8 +110,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)
