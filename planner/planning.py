@@ -116,28 +116,29 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     benchmarks/costmodel_bench.py, by 4% in the model; tiny.yaml all data-parallel, 9% measured).
     The bound stays the first solve's: a valid bound on every
     plan's busiest rank."""
+    resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
     best, resolves = solution, 0
     while closed:
         used = Counter(o.sharding_type for o in best.assignment.choice.values())
         tried = []
         for drop in sorted(used, key=lambda t: (used[t], t.value)) if len(used) > 1 else ():
-            saving_ms = sharding_types_ms(used, cluster) - sharding_types_ms(set(used) - {drop}, cluster)
-            if saving_ms <= config.target_gap * best.max_rank_ms:
+            allowed = set(used) - {drop}
+            if sharding_types_ms(used, cluster) - sharding_types_ms(allowed, cluster) <= config.target_gap * best.max_rank_ms:
                 continue
-            resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
             if resolves == MAX_TYPE_RESOLVES or deadline_s - time.monotonic() < resolve.time_limit_s:
                 break  # a re-solve starts only with its whole share left: one squeezed in ran past the limit
-            allowed = set(used) - {drop}
             options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
             resolves += 1
             try:
                 tried.append(_solve(search, options, cluster, resolve, resolve.time_limit_s))
             except InfeasiblePlanError:
                 continue
-        better = [(c, c_closed) for c, c_closed in tried if _step_ms(c, cluster) < _step_ms(best, cluster) * (1 - config.target_gap)]
-        if not better:
+        if not tried:
             break
-        candidate, closed = min(better, key=lambda pair: _step_ms(pair[0], cluster))  # closed: against its own, restricted, problem
+        candidate, candidate_closed = min(tried, key=lambda pair: _step_ms(pair[0], cluster))
+        if _step_ms(candidate, cluster) >= _step_ms(best, cluster) * (1 - config.target_gap):
+            break
+        closed = candidate_closed  # against its own, restricted, problem
         best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
                        seconds=best.seconds + sum(c.seconds for c, _ in tried))
     return best
