@@ -112,8 +112,7 @@ def describe(run, fitted_values: dict, datasheet_values: dict) -> dict:
     return {"mix": mix, "plan": plan, "tables": len(run.run.problem.tables), "layout": layout_key(run.plan),
             "measured_step_ms": run.step_ms, "predicted_step_ms": refit.predicted_step_ms,
             "predicted_step_ms_datasheet": datasheet.predicted_step_ms,
-            "phases_predicted_vs_measured": {g: [round(p, 4), round(m, 4)] for g, (p, m) in refit.fair_phases.items()},
-            "all_to_all_predicted_vs_measured": [0.0, 0.0]}
+            "phases_predicted_vs_measured": {g: [round(p, 4), round(m, 4)] for g, (p, m) in refit.fair_phases.items()}}
 
 
 def score(runs: Path, hardware: str, name: str) -> dict:
@@ -121,11 +120,13 @@ def score(runs: Path, hardware: str, name: str) -> dict:
 
     if not runs.is_dir():
         raise ConfigError(f"{runs}: no such folder; give --runs the folder `--train --runs` filled")
-    dirs = sorted((d for d in runs.iterdir() if d.is_dir() and (d / "metrics.jsonl").is_file()),
-                  key=lambda d: (int(d.name.split("_")[0][3:]), d.name))
+    def mix_index(run_dir: Path) -> int:  # mixK_label
+        return int(run_dir.name.split("_")[0][3:])
+
+    dirs = sorted((d for d in runs.iterdir() if d.is_dir() and (d / "metrics.jsonl").is_file()), key=lambda d: (mix_index(d), d.name))
     if not dirs:
         raise ConfigError(f"{runs}: no finished runs in it; give the folder `--train --runs` filled")
-    fit_dirs = [d for d in dirs if int(d.name.split("_")[0][3:]) % 2 == 0]
+    fit_dirs = [d for d in dirs if mix_index(d) % 2 == 0]
     held_dirs = [d for d in dirs if d not in fit_dirs]
     fitted_profile = RESULTS / f"costmodel_{name}_fitted.yaml"
     _, fit = refit_from_runs(fit_dirs, hardware, fitted_profile)

@@ -88,7 +88,6 @@ def test_each_rank_gets_its_own_gpu_or_one_line_naming_the_fix():
         local_gpu(1, 1)
 
 
-
 @pytest.mark.distributed
 def test_host_tensors_meet_over_a_gloo_group_of_their_own_when_the_default_is_nccl():
     """NCCL refuses CPU tensors, and TorchRec reads its device from the default group, which
