@@ -9,7 +9,8 @@ to the next. Here one mix's plans are trained as separate `torchrun -m dlrm_scal
 so a slow spell of the machine falls on neighbouring jobs of every plan:
 - a job's step: the median over its logging windows after the first (as every benchmark here);
 - per round, each plan's step over ours in that round; the regret: ours' median step over the
-  fastest plan's, with a 90% bootstrap interval resampling whole rounds.
+  fastest plan's, with a 90% bootstrap interval resampling whole rounds;
+- each plan's phases per rank (median over its jobs), to trace a regret to a phase and a rank.
 
     python benchmarks/regret_jobs.py [--mix 7] [--plans ours,torchrec,table_wise] [--rounds 20] [--steps 120]
 
@@ -63,9 +64,17 @@ def regret(steps: dict[str, list[float]], layouts: dict[str, str]) -> dict:
             "over_ours_median_of_rounds": {k: float(np.median(v)) for k, v in per_round.items()}}
 
 
-def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: dict[str, list[float]], rounds: int) -> dict:
+def phase_medians(phases: list[tuple[dict[str, float], ...]]) -> list[dict[str, float]]:
+    """Each rank's median over a plan's jobs of each phase group (ms a step): where a plan's
+    step goes, so a regret can be traced to a phase and a rank."""
+    return [{g: round(float(np.median([job[r][g] for job in phases])), 4) for g in phases[0][r]} for r in range(len(phases[0]))]
+
+
+def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: dict[str, list[float]], rounds: int,
+          phases: dict[str, list]) -> dict:
     doc = {"mix": args.mix, "rounds": rounds, "rounds_asked": args.rounds, "steps": args.steps, "hardware": args.hardware,
-           "layouts": layouts, "steps_ms": steps, **regret(steps, layouts)}
+           "layouts": layouts, "steps_ms": steps, **regret(steps, layouts),
+           "phase_ms_median_per_rank": {label: phase_medians(p) for label, p in phases.items()}}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -90,6 +99,7 @@ def main() -> int:
         problem = load_problem(config)
         plans = {label: given_plan(problem, label) for label in labels}
         steps: dict[str, list[float]] = {label: [] for label in labels}
+        phases: dict[str, list] = {label: [] for label in labels}
         layouts: dict[str, str] = {}
         for r in range(args.rounds):
             for label in rotated(labels, r):
@@ -100,9 +110,10 @@ def main() -> int:
                 if layout_key(run.plan) != layouts[label]:
                     raise RuntimeError(f"{label} trained another plan in round {r}: the planner is not deterministic")
                 steps[label].append(run.step_ms)
+                phases[label].append(run.phases_ms)
                 shutil.rmtree(run_dir)
                 print(f"round {r} {label}: {run.step_ms:.2f} ms", flush=True)
-            doc = write(out, args, layouts, steps, r + 1)  # after every round: a stopped run keeps its rounds
+            doc = write(out, args, layouts, steps, r + 1, phases)  # after every round: a stopped run keeps its rounds
     print(json.dumps({k: doc[k] for k in ("fastest", "median_step_ms", "over_fastest", "over_fastest_interval_90",
                                           "over_ours_median_of_rounds")}, indent=1))
     return 0
