@@ -13,10 +13,13 @@ so a slow spell of the machine falls on neighbouring jobs of every plan:
 - each plan's phases per rank (median over its jobs), to trace a regret to a phase and a rank.
 
     python benchmarks/regret_jobs.py [--mix 7] [--plans ours,torchrec,table_wise] [--rounds 20] [--steps 120]
+    python benchmarks/regret_jobs.py --pool A.json B.json --out POOLED.json   # trains nothing
 
 Needs the held-out profile costmodel_bench.py fitted (--hardware, default
 benchmarks/results/costmodel_intel_fitted.yaml: ours is planned with it, as in that
 benchmark). Writes --out (default benchmarks/results/regret_jobs_mixN.json) after every round.
+--pool puts the rounds of earlier runs of one mix together (the labels they all ran, each
+label's plan the same in every run) and scores them as one run.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_m
 from benchmarks.regret_paired import rotated  # noqa: E402
 from dlrm_scale.run_config import load_problem  # noqa: E402
 from dlrm_scale.tools.runs import load_run  # noqa: E402
+from planner.errors import ConfigError  # noqa: E402
 
 RESAMPLES = 4000
+SUMMARY = ("rounds", "fastest", "median_step_ms", "over_fastest", "over_fastest_interval_90", "over_ours_median_of_rounds")
 
 
 def regret(steps: dict[str, list[float]], layouts: dict[str, str]) -> dict:
@@ -79,6 +84,22 @@ def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: d
     return doc
 
 
+def pooled(files: list[Path]) -> dict:
+    """The rounds of `files` (regret_jobs outputs of one mix) as one run: the labels all of them
+    trained, each with one plan throughout."""
+    docs = [json.loads(f.read_text()) for f in files]
+    labels = [label for label in docs[0]["layouts"] if all(label in d["layouts"] for d in docs)]
+    if "ours" not in labels or len({d["mix"] for d in docs}) > 1:
+        raise ConfigError(f"--pool: {', '.join(map(str, files))} are not runs of one mix that all trained ours")
+    for label in labels:
+        if len({d["layouts"][label] for d in docs}) > 1:
+            raise ConfigError(f"--pool: {label} trained another plan in one of {', '.join(map(str, files))}; pool runs of the same plans")
+    layouts = {label: docs[0]["layouts"][label] for label in labels}
+    steps = {label: [ms for d in docs for ms in d["steps_ms"][label]] for label in labels}
+    return {"mix": docs[0]["mix"], "pooled_from": [f.name for f in files], "rounds": len(steps["ours"]), "layouts": layouts,
+            "steps_ms": steps, **regret(steps, layouts)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mix", type=int, default=7)
@@ -87,7 +108,18 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--hardware", default=str(RESULTS / "costmodel_intel_fitted.yaml"))
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON", help="train nothing: pool these runs' rounds into --out")
     args = ap.parse_args()
+    if args.pool:
+        if args.out is None:
+            ap.error("--pool needs --out")
+        missing = [str(f) for f in args.pool if not f.is_file()]
+        if missing:
+            raise ConfigError(f"--pool: no such file {', '.join(missing)}; give regret_jobs outputs")
+        doc = pooled(args.pool)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(json.dumps({k: doc[k] for k in SUMMARY}, indent=1))
+        return 0
     labels = [p for p in args.plans.split(",") if p]
     if not 0 <= args.mix < len(TABLE_COUNTS) or "ours" not in labels or set(labels) - set(PLANS) or args.rounds < 3 or args.steps < 30:
         ap.error(f"--mix in 0-{len(TABLE_COUNTS) - 1}, --plans among {', '.join(PLANS)} with ours, --rounds >= 3, --steps >= 30")
@@ -114,8 +146,7 @@ def main() -> int:
                 shutil.rmtree(run_dir)
                 print(f"round {r} {label}: {run.step_ms:.2f} ms", flush=True)
             doc = write(out, args, layouts, steps, r + 1, phases)  # after every round: a stopped run keeps its rounds
-    print(json.dumps({k: doc[k] for k in ("fastest", "median_step_ms", "over_fastest", "over_fastest_interval_90",
-                                          "over_ours_median_of_rounds")}, indent=1))
+    print(json.dumps({k: doc[k] for k in SUMMARY}, indent=1))
     return 0
 
 

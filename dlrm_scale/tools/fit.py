@@ -56,9 +56,11 @@ FLOOR_OF_STEP = 0.02  # a phase under 2% of its step is weighed as if it were 2%
 # each rank's share of the run's embedding phase does not carry it (_contrast_rows). Refitting
 # the cost-model benchmark's fit half (model 207 machine, stop 39's runs) with those rows at
 # weight 0 / 3 / 10 (1: as a phase row) scored its held-out runs at step max error 22.6 / 20.3 /
-# 16.2%, median 6.1 / 5.8 / 5.2%, embedding 9.9 / 8.8 / 9.5%; at 10 the fit's own embedding
-# residual doubled (4.8% at 3, 11.1% at 10). Without them the cost per distinct row carried
-# work that follows the ids.
+# 16.2%, median 6.1 / 5.8 / 5.2%, embedding 9.9 / 8.8 / 9.5%, and missed the ranks' embedding
+# difference by 8.5 / 7.5 / 5.5% of their mean (rms); at 10 the fit's own embedding residual doubled (4.8% at
+# 3, 11.1% at 10). Without them the cost per distinct row carried work that follows the ids.
+# On stop 40's held-out runs (retrained), 0 / 3 scored median 5.0 / 5.4%, max 36.3 / 36.7%, the
+# ranks' difference 8.4 / 7.6%: the step moves within the runs' spread, the split comes closer.
 CONTRAST_WEIGHT = 3.0
 CONTRAST_GROUP = PHASE_GROUPS_INDEX["embedding"]  # the own work a plan puts on ranks unevenly (dense and the rest: alike)
 # Error relative to the measurement alone favours predicting low (a prediction 30% under a slow
