@@ -164,39 +164,6 @@ def test_runs_measured_as_often_slow_as_fast_are_not_fitted_low():
     assert abs(float(np.median(errors))) < 0.02
 
 
-def split_run(label: str, hot_pooling: float, cold_pooling: float, true_cluster) -> MeasuredRun:
-    """Two tables, one a rank: many ids over few rows on rank 0, as many distinct rows as ids on rank 1."""
-    tables = [TableSpec("hot", 1_000, 16, hot_pooling, 1.0), TableSpec("cold", 5_000_000, 16, cold_pooling)]
-    problem = make_problem(tables, true_cluster, batch=512)
-    hot, cold = problem.tables
-    plan = Plan(2, 2, {"hot": table_layout(hot, ShardingType.TABLE_WISE, [0], "hbm"),
-                       "cold": table_layout(cold, ShardingType.TABLE_WISE, [1], "hbm")}, (), 0.0, 0.0)
-    sim = simulate(plan, problem, MODEL)
-    return MeasuredRun(Path(label), RunConfig(problem, MODEL), plan, tuple(r.phases_ms for r in sim.ranks), sim.step_ms, 5)
-
-
-def test_how_a_plan_splits_the_lookups_between_ranks_is_fitted_apart_from_each_jobs_speed():
-    """Jobs whose ids outweigh their distinct rows measured 15% slow on every rank, the others 15%
-    fast (a job's speed moves so on a shared VM): the fitted model must still give each rank its
-    share of the embedding phase as measured within 0.8 points, where rows of each rank's time
-    alone let the jobs' speeds into the split (off by 1.9 points)."""
-    true_cluster = make_cluster(ranks_per_node=2, device="cpu", **TRUE)
-    runs = [split_run(f"split_{hot}_{cold}", hot, cold, true_cluster) for hot in (10.0, 40.0) for cold in (5.0, 20.0, 60.0)]
-
-    def embedding(phases):
-        return np.array([rank["embedding"] for rank in phases])
-
-    def job_speed(run):
-        ms = embedding(run.phases_ms)
-        return 1.15 if ms[0] > ms[1] else 1 / 1.15
-
-    start = wrong_start()
-    fit = fit_runs([priced_with(scaled(r, job_speed(r)), start) for r in runs], start)
-    for run in runs:
-        predicted, measured = embedding(compare(priced_with(run, start), fit.values).predicted), embedding(run.phases_ms)
-        assert predicted[1] / predicted.mean() == pytest.approx(measured[1] / measured.mean(), abs=0.008), run.directory
-
-
 def test_a_run_document_reads_back_as_the_run_it_records(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("hardware: cpu_gloo\ncluster: {world_size: 2}\ntraining: {batch_size_per_rank: 64}\n"

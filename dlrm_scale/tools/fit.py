@@ -15,8 +15,6 @@ measured time, then on log(predicted / measured) by Gauss-Newton rounds, over:
 - per run, each collective phase on the rank that waited least for it: a collective's time on
   a rank also holds its wait for the slowest rank, and the last to arrive waits for nobody;
 - per run, the step time (each phase group on its slowest rank, as simulate's step);
-- per rank, its share of the run's embedding phase (CONTRAST_WEIGHT): how a plan splits the
-  lookups' work between its ranks, which the job's own speed leaves out;
 - weak prior rows pulling each constant towards the starting profile's (its micro-benchmarks),
   so a constant the runs barely exercise keeps its measured value; each relative to the start's
   value or, where larger, to the value that makes PRIOR_FLOOR of the rows' time (a start too
@@ -51,18 +49,6 @@ NO_TIME_GB_PER_S = float(2**40)  # the largest bandwidth a profile takes: its by
 PRIOR_WEIGHT = 0.05  # a prior row weighs as much as a 5%-error on one phase of one run
 PRIOR_FLOOR = 0.1  # a constant's prior is relative to at least the value that makes 10% of the rows' time
 FLOOR_OF_STEP = 0.02  # a phase under 2% of its step is weighed as if it were 2%: its timer's noise is larger
-# A job's speed moves up to ~10% from one job to the next on a shared VM, alike on all its ranks,
-# so rows of each rank's time see how a plan splits work between ranks only through that noise;
-# each rank's share of the run's embedding phase does not carry it (_contrast_rows). Refitting
-# the cost-model benchmark's fit half (model 207 machine, stop 39's runs) with those rows at
-# weight 0 / 3 / 10 (1: as a phase row) scored its held-out runs at step max error 22.6 / 20.3 /
-# 16.2%, median 6.1 / 5.8 / 5.2%, embedding 9.9 / 8.8 / 9.5%, and missed the ranks' embedding
-# difference by 8.5 / 7.5 / 5.5% of their mean (rms); at 10 the fit's own embedding residual doubled (4.8% at
-# 3, 11.1% at 10). Without them the cost per distinct row carried work that follows the ids.
-# On stop 40's held-out runs (retrained), 0 / 3 scored median 5.0 / 5.4%, max 36.3 / 36.7%, the
-# ranks' difference 8.4 / 7.6%: the step moves within the runs' spread, the split comes closer.
-CONTRAST_WEIGHT = 3.0
-CONTRAST_GROUP = PHASE_GROUPS_INDEX["embedding"]  # the own work a plan puts on ranks unevenly (dense and the rest: alike)
 # Error relative to the measurement alone favours predicting low (a prediction 30% under a slow
 # run costs less than one 30% over a fast run): fitted that way, the cost-model benchmark's
 # held-out steps came out 7.5% short on median. Log error is symmetric; its Gauss-Newton rounds
@@ -183,23 +169,6 @@ def _rows(d: RunDesign, theta: np.ndarray) -> list[tuple[np.ndarray, float, floa
     return [(*row, FLOOR_OF_STEP * step) for row in rows]
 
 
-def _contrast_rows(d: RunDesign) -> list[tuple[np.ndarray, float]]:
-    """(coefficients, target) of each rank's share of the embedding phase, its time less the
-    run's mean over ranks, relative to that mean: predicted set equal to measured, q_r. As
-    (p_r - mean(p)) - q_r * mean(p) = 0 it is linear in the constants (the phase has no overlap
-    in it, so the rows hold at any theta), and a job measured x times slower on every rank
-    gives the same q_r. Scaled by the measured mean and weighed CONTRAST_WEIGHT."""
-    measured = np.array([r["embedding"] for r in d.run.phases_ms])
-    mean = float(measured.mean())
-    if len(measured) < 2 or mean <= 0:
-        return []
-    offset, coefficients = d.offset[:, CONTRAST_GROUP], d.coefficients[:, CONTRAST_GROUP]
-    share = measured / mean - 1
-    weight = CONTRAST_WEIGHT / mean
-    return [((coefficients[r] - (1 + share[r]) * coefficients.mean(axis=0)) * weight,
-             ((1 + share[r]) * offset.mean() - offset[r]) * weight) for r in range(len(measured))]
-
-
 @dataclass(frozen=True)
 class Fit:
     values: dict[str, float]  # by FITTED name (bandwidths as reciprocals)
@@ -232,11 +201,10 @@ def _relative(c: np.ndarray, offset: float, target: float, floor: float) -> tupl
 def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
     """The constants that best predict `runs`' phases, from `start`'s (its values are the priors)."""
     designs = [design(run) for run in runs]
-    contrasts = [row for d in designs for row in _contrast_rows(d)]
     theta = np.array([profile_values(start)[name] for name in FITTED])
-    theta = _solve([_relative(*row) for d in designs for row in _rows(d, theta)] + contrasts, start)
+    theta = _solve([_relative(*row) for d in designs for row in _rows(d, theta)], start)
     for _ in range(LOG_ROUNDS):
-        linearised = list(contrasts)
+        linearised = []
         for c, offset, target, floor in (row for d in designs for row in _rows(d, theta)):
             if target < floor:  # kept relative, as in the first fit
                 linearised.append(_relative(c, offset, target, floor))
