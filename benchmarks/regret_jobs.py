@@ -84,10 +84,26 @@ def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: d
     return doc
 
 
+def _run_document(path: Path) -> dict:
+    """A regret_jobs output read back, its fields checked: a missing or damaged file is one line."""
+    fix = "give regret_jobs outputs (their --out)"
+    if not path.is_file():
+        raise ConfigError(f"--pool: no such file {path}; {fix}")
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ConfigError(f"--pool: {path} is not JSON; {fix}") from None
+    if (not isinstance(doc, dict) or not isinstance(doc.get("mix"), int) or not isinstance(doc.get("layouts"), dict)
+            or not isinstance(doc.get("steps_ms"), dict) or set(doc["layouts"]) - set(doc["steps_ms"])
+            or not all(isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in doc["steps_ms"].values())):
+        raise ConfigError(f"--pool: {path} is not a regret_jobs output (mix, layouts, steps_ms); {fix}")
+    return doc
+
+
 def pooled(files: list[Path]) -> dict:
     """The rounds of `files` (regret_jobs outputs of one mix) as one run: the labels all of them
     trained, each with one plan throughout."""
-    docs = [json.loads(f.read_text()) for f in files]
+    docs = [_run_document(f) for f in files]
     labels = [label for label in docs[0]["layouts"] if all(label in d["layouts"] for d in docs)]
     if "ours" not in labels or len({d["mix"] for d in docs}) > 1:
         raise ConfigError(f"--pool: {', '.join(map(str, files))} are not runs of one mix that all trained ours")
@@ -113,9 +129,6 @@ def main() -> int:
     if args.pool:
         if args.out is None:
             ap.error("--pool needs --out")
-        missing = [str(f) for f in args.pool if not f.is_file()]
-        if missing:
-            raise ConfigError(f"--pool: no such file {', '.join(missing)}; give regret_jobs outputs")
         doc = pooled(args.pool)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(json.dumps({k: doc[k] for k in SUMMARY}, indent=1))

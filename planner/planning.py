@@ -110,12 +110,11 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     re-solve with the shortest step, its barrier step plus that fixed cost, while that improves,
     within MAX_TYPE_RESOLVES and the time limit left (`deadline_s`: a re-solve starts only where its
     whole share is left; 1,000 tables on 128 ranks ran 0.7 s past the limit with the last re-solve
-    squeezed into 0.05 s). Each type is tried, not only
-    the one the fewest tables use: one hot table row-wise beside five table-wise ones is better
-    all row-wise than all table-wise where the hot table alone outweighs the rest (mix1 of
-    benchmarks/costmodel_bench.py, by 4% in the model; tiny.yaml all data-parallel, 9% measured).
-    The bound stays the first solve's: a valid bound on every
-    plan's busiest rank."""
+    squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
+    table row-wise beside five table-wise ones is better all row-wise than all table-wise where
+    the hot table alone outweighs the rest (mix1 of benchmarks/costmodel_bench.py, by 4% in the
+    model; tiny.yaml all data-parallel, 9% measured). The bound stays the first solve's: a valid
+    bound on every plan's busiest rank."""
     resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
     best, resolves = solution, 0
     while closed:
