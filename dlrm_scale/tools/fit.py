@@ -42,11 +42,6 @@ FITTED = ("kernel_launch_ms", "lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_
           "dense_overhead_ms", "step_overhead_ms", "table_overhead_ms")
 RECIPROCAL = {"ddr_gb_per_s", "link_gb_per_s", "dense_gflops"}
 LINKS = ("intra_node_gb_per_s", "inter_node_gb_per_s")
-# a lookup kernel's own constants (cost_model.lookup_fwd_ms / lookup_bwd_ms but the launch, which
-# training pays per batched lookup module, not per table as a micro-benchmark does)
-KERNEL_CONSTANTS = ("lookup_fwd_ns", "lookup_bwd_ns", "lookup_bwd_row_ns", "lookup_fwd_weight_ns", "lookup_bwd_weight_ns",
-                    "ddr_gb_per_s")
-KERNEL_FACTOR = "lookup_kernel_factor"
 OWN_WORK = tuple(g for g in PHASE_GROUPS if g not in COLLECTIVE_GROUPS)
 PHASE_GROUPS_INDEX = {g: i for i, g in enumerate(PHASE_GROUPS)}
 ALL_REDUCE = PHASE_GROUPS_INDEX["all_reduce"]  # the phase the overlap hides part of
@@ -86,12 +81,6 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
         for field in (LINKS if name == "link_gb_per_s" else (name,)):
             fields[field] = value
     return replace(cluster, **fields)
-
-
-def kernel_values(lookup_kernel: dict[str, float]) -> dict[str, float]:
-    """A profile's `lookup_kernel` (KERNEL_CONSTANTS as a profile writes them) as the fit sees them."""
-    return {n: (1.0 / lookup_kernel[n] if 0 < lookup_kernel[n] < NO_TIME_GB_PER_S else 0.0) if n in RECIPROCAL
-            else float(lookup_kernel[n]) for n in KERNEL_CONSTANTS}
 
 
 def fitted_fields(cluster: ClusterSpec, values: dict[str, float]) -> dict[str, float]:
@@ -187,52 +176,19 @@ class Fit:
     residuals: dict[str, float]  # median |relative error| over the fitted runs: step, and each phase group
 
 
-@dataclass(frozen=True)
-class Unknowns:
-    """What the fit solves for: constants = to_constants @ unknowns (both in the fit's units).
-
-    Free, every constant is an unknown. With a lookup kernel's micro-benchmarked constants
-    (KERNEL_CONSTANTS, a profile's `lookup_kernel`), those keep their measured proportions and
-    one unknown, KERNEL_FACTOR, scales them all: a rank's lookups are one measured phase, so runs
-    alone cannot tell a cost per id from a cost per distinct row (in most mixes the two grow
-    together) nor the forward's from the backward's, where a micro-benchmark over table sizes
-    and poolings can; what training adds to the kernel (the step's other work evicting the
-    tables' rows) is taken as a common slow-down."""
-
-    names: tuple[str, ...]
-    to_constants: np.ndarray  # (len(FITTED), len(names))
-    prior: np.ndarray  # the start's value of each unknown
-
-
-def unknowns_for(start: ClusterSpec, lookup_kernel: dict[str, float] | None = None) -> Unknowns:
-    values = profile_values(start)
-    if not lookup_kernel:
-        return Unknowns(FITTED, np.eye(len(FITTED)), np.array([values[n] for n in FITTED]))
-    names = tuple(n for n in FITTED if n not in KERNEL_CONSTANTS) + (KERNEL_FACTOR,)
-    to_constants = np.zeros((len(FITTED), len(names)))
-    for j, name in enumerate(names[:-1]):
-        to_constants[FITTED.index(name), j] = 1.0
-    measured = kernel_values(lookup_kernel)
-    for name in KERNEL_CONSTANTS:
-        to_constants[FITTED.index(name), -1] = measured[name]
-    # the start's factor: its constants over the micro-benchmark's, where the benchmark measured any
-    scale = sum(values[n] for n in KERNEL_CONSTANTS) / max(sum(measured.values()), 1e-30)
-    return Unknowns(names, to_constants, np.array([values[n] for n in names[:-1]] + [scale]))
-
-
-def _solve(rows: Sequence[tuple[np.ndarray, float]], unknowns: Unknowns) -> np.ndarray:
+def _solve(rows: Sequence[tuple[np.ndarray, float]], start: ClusterSpec) -> np.ndarray:
     """Non-negative least squares over (coefficients, target) rows (both relative to the
-    measurement, coefficients per constant), plus the weak prior rows of the module's
-    docstring; the unknowns' values."""
-    a, b = [c @ unknowns.to_constants for c, _ in rows], [t for _, t in rows]
-    rms_effect = np.sqrt(np.mean(np.square(np.array(a)), axis=0))  # relative time per unit of each unknown
-    for k, prior in enumerate(unknowns.prior):
-        if prior > 0:
-            scale = max(prior, PRIOR_FLOOR / rms_effect[k]) if rms_effect[k] > 0 else prior
-            row = np.zeros(len(unknowns.names))
+    measurement), plus the weak prior rows of the module's docstring."""
+    a, b = [c for c, _ in rows], [t for _, t in rows]
+    rms_effect = np.sqrt(np.mean(np.square(np.array(a)), axis=0))  # relative time per unit of each constant
+    prior = profile_values(start)
+    for k, name in enumerate(FITTED):
+        if prior[name] > 0:
+            scale = max(prior[name], PRIOR_FLOOR / rms_effect[k]) if rms_effect[k] > 0 else prior[name]
+            row = np.zeros(len(FITTED))
             row[k] = PRIOR_WEIGHT / scale
             a.append(row)
-            b.append(PRIOR_WEIGHT * prior / scale)
+            b.append(PRIOR_WEIGHT * prior[name] / scale)
     return nonnegative_lstsq(np.array(a), np.array(b))
 
 
@@ -242,13 +198,11 @@ def _relative(c: np.ndarray, offset: float, target: float, floor: float) -> tupl
     return c / scale, (target - offset) / scale
 
 
-def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec, lookup_kernel: dict[str, float] | None = None) -> Fit:
-    """The constants that best predict `runs`' phases, from `start`'s (its values are the priors);
-    with `lookup_kernel`, the lookups' constants in its proportions (Unknowns)."""
+def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
+    """The constants that best predict `runs`' phases, from `start`'s (its values are the priors)."""
     designs = [design(run) for run in runs]
-    unknowns = unknowns_for(start, lookup_kernel)
     theta = np.array([profile_values(start)[name] for name in FITTED])
-    theta = unknowns.to_constants @ _solve([_relative(*row) for d in designs for row in _rows(d, theta)], unknowns)
+    theta = _solve([_relative(*row) for d in designs for row in _rows(d, theta)], start)
     for _ in range(LOG_ROUNDS):
         linearised = []
         for c, offset, target, floor in (row for d in designs for row in _rows(d, theta)):
@@ -259,7 +213,7 @@ def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec, lookup_kernel: dic
             fitted = c @ theta
             predicted = max(offset + fitted, floor)
             linearised.append((c / predicted, np.log(target / predicted) + fitted / predicted))
-        theta = unknowns.to_constants @ _solve(linearised, unknowns)
+        theta = _solve(linearised, start)
     values = dict(zip(FITTED, (float(x) for x in theta)))
     return Fit(values, len(runs), residuals(runs, values))
 
