@@ -118,21 +118,30 @@ def pooled(files: list[Path]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mix", type=int, default=7)
-    ap.add_argument("--plans", default="ours,torchrec,table_wise", help=f"labels among {', '.join(PLANS)}; ours is needed")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--hardware", default=str(RESULTS / "costmodel_intel_fitted.yaml"))
+    # the training options' defaults, applied after parsing: --pool trains nothing and refuses them
+    training = {"mix": 7, "plans": "ours,torchrec,table_wise", "rounds": 20, "steps": 120,
+                "hardware": str(RESULTS / "costmodel_intel_fitted.yaml")}
+    ap.add_argument("--mix", type=int, help=f"default {training['mix']}")
+    ap.add_argument("--plans", help=f"labels among {', '.join(PLANS)}; ours is needed (default {training['plans']})")
+    ap.add_argument("--rounds", type=int, help=f"default {training['rounds']}")
+    ap.add_argument("--steps", type=int, help=f"default {training['steps']}")
+    ap.add_argument("--hardware", help="default benchmarks/results/costmodel_intel_fitted.yaml")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON", help="train nothing: pool these runs' rounds into --out")
     args = ap.parse_args()
     if args.pool:
+        given = [f"--{name}" for name in training if getattr(args, name) is not None]
+        if given:
+            ap.error(f"--pool trains nothing: leave out {', '.join(given)}")
         if args.out is None:
             ap.error("--pool needs --out")
         doc = pooled(args.pool)
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(json.dumps({k: doc[k] for k in SUMMARY}, indent=1))
         return 0
+    for name, value in training.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     labels = [p for p in args.plans.split(",") if p]
     if not 0 <= args.mix < len(TABLE_COUNTS) or "ours" not in labels or set(labels) - set(PLANS) or args.rounds < 3 or args.steps < 30:
         ap.error(f"--mix in 0-{len(TABLE_COUNTS) - 1}, --plans among {', '.join(PLANS)} with ours, --rounds >= 3, --steps >= 30")

@@ -19,7 +19,7 @@ from torchrec.distributed.utils import add_params_from_parameter_sharding
 from dlrm_scale.bridge.qcomms import COMM_TYPES, qcomm_codecs_registry
 from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.sharders import sharder_for
-from dlrm_scale.tools.launch import _free_port
+from dlrm_scale.tools.launch import free_port
 from dlrm_scale.train import local_gpu
 from planner.errors import ConfigError
 from planner.plan import Plan, table_layout
@@ -97,7 +97,7 @@ def test_host_tensors_meet_over_a_gloo_group_of_their_own_when_the_default_is_nc
         import torch, torch.distributed as dist
         from dlrm_scale.training.host_group import host_group, init_host_group
         from dlrm_scale.training.rank_end import end_rank
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{_free_port()}")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
         dist.init_process_group("gloo", rank=0, world_size=1)
         init_host_group(cuda=True)
         group = host_group()

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from dlrm_scale.tools.launch import _free_port
+from dlrm_scale.tools.launch import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -20,7 +20,7 @@ def test_a_rank_ends_with_its_code_and_output_and_no_teardown():
         import atexit, os
         import torch, torch.distributed as dist
         from dlrm_scale.training.rank_end import end_rank
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{_free_port()}")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{free_port()}")
         dist.init_process_group("gloo", rank=0, world_size=1)
         dist.all_reduce(torch.ones(4))
         atexit.register(lambda: print("teardown ran"))

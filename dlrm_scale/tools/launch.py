@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from dlrm_scale.training.rank_end import end_rank
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now, for a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -39,6 +40,6 @@ def _entry(rank, world, port, result_path, fn, args):
 def run_on_ranks(fn, world: int = 2, *args):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "result.pkl")
-        mp.start_processes(_entry, args=(world, _free_port(), path, fn, args), nprocs=world, join=True, start_method="spawn")
+        mp.start_processes(_entry, args=(world, free_port(), path, fn, args), nprocs=world, join=True, start_method="spawn")
         with open(path, "rb") as f:
             return pickle.load(f)
