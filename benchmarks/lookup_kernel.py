@@ -1,0 +1,194 @@
+"""The lookup kernel alone, against what training measures of it (the cost-model issue).
+
+1. grid: a rank's CPU lookups as the trainer runs them (FBGEMM's forward, our fused row-wise
+   Adagrad backward, timed as `dlrm-scale calibrate` times them) over tables of 300 to 2M rows,
+   dims 16-256, pooling 1-100, batch 1024 (the global batch a table-wise shard serves in the
+   cost-model benchmark), the grid run --repeats times; planner/cost_model.py's lookup formulas
+   fitted to it (calibrate.fit_embedding). Small tables at high pooling repeat their rows many
+   times, so a cost per id and a cost per distinct row come apart there; calibrate's own grid
+   (100k and 2M rows, pooling up to 32) cannot tell them apart.
+2. colocated: a table's forward and backward timed alone and as one of T alike tables in one
+   table-batched module (TorchRec batches a rank's tables so), T = 1, 4, 12, the three
+   alternated in each of --repeats rounds; per table, the median over rounds.
+3. ranks (with --runs DIR, a `costmodel_bench.py --runs` folder): each rank's measured lookups
+   (emb_fwd + emb_bwd_opt, median over windows) against --hardware's prediction and against the
+   grid's constants with --hardware's launch cost (training launches one batched module per
+   rank, not one a table as the grid does), for the plans without replicas or row blocks (their
+   lookup phases hold other work).
+
+    python benchmarks/lookup_kernel.py --hardware benchmarks/results/costmodel_intel207_fitted.yaml --runs DIR --out benchmarks/results/lookup_kernel_intel207.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dlrm_scale.tools.calibrate import EMBEDDING_CONSTANTS, CalibrationConfig, embedding_samples, fit_embedding  # noqa: E402
+from dlrm_scale.tools.fit import profile_values, with_values  # noqa: E402
+from dlrm_scale.tools.runs import WARM_UP_WINDOWS, load_run  # noqa: E402
+from planner.cost_model import AnalyticCostModel, lookup_bwd_ms, lookup_fwd_ms  # noqa: E402
+from planner.scoring import costed_options  # noqa: E402
+
+BATCH = 1024
+GRID = CalibrationConfig(batch_size=BATCH, dims=(16, 64, 128, 256), pooling_factors=(1, 8, 32, 100),
+                         rows=(300, 2000, 8000, 50_000, 500_000, 2_000_000), repeats=7)
+COLOCATED_COUNTS = (1, 4, 12)
+COLOCATED_SHAPES = ((128, 200_000, 20), (128, 2000, 50), (256, 200_000, 20), (256, 2000, 50))  # dim, rows, pooling
+COLOCATED_CALLS = 7
+OPTIMIZER = "rowwise_adagrad"
+
+
+def grid(repeats: int) -> dict:
+    samples = []
+    for rep in range(repeats):
+        samples += [{**s, "repeat": rep} for s in embedding_samples(GRID, "dlrm_scale")]
+    constants = fit_embedding(samples, OPTIMIZER)
+    errors = {"fwd": [], "bwd": []}
+    for s in samples:
+        errors["fwd"].append(lookup_fwd_ms(s["lookups"], s["distinct"], s["dim"], constants["ddr_gb_per_s"], constants["kernel_launch_ms"],
+                                           constants["lookup_fwd_ns"], constants["lookup_fwd_weight_ns"]) / s["fwd_ms"] - 1)
+        errors["bwd"].append(lookup_bwd_ms(s["lookups"], s["distinct"], s["dim"], OPTIMIZER, constants["ddr_gb_per_s"],
+                                           constants["kernel_launch_ms"], constants["lookup_bwd_ns"], constants["lookup_bwd_row_ns"],
+                                           constants["lookup_bwd_weight_ns"]) / s["bwd_ms"] - 1)
+    same = {}
+    for s in samples:
+        same.setdefault((s["rows"], s["dim"], s["pooling"]), []).append(s)
+    repeat_spread = {k: float(np.median([(max(x[f"{k}_ms"] for x in v) / min(x[f"{k}_ms"] for x in v)) - 1 for v in same.values()]))
+                     for k in ("fwd", "bwd")}
+    return {"samples": samples, "constants": constants, "repeat_spread_median": repeat_spread,
+            "fit_error_median": {k: float(np.median(np.abs(v))) for k, v in errors.items()},
+            "fit_error_max": {k: float(np.max(np.abs(v))) for k, v in errors.items()}}
+
+
+def colocated(repeats: int) -> list[dict]:
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from dlrm_scale.kernels.cpu_adagrad import install
+    from dlrm_scale.kernels.huge_pages import back_with_huge_pages
+    from dlrm_scale.training.data import ZipfIds
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    kernel = install(OPTIMIZER)
+    out = []
+    try:
+        for dim, rows, pooling in COLOCATED_SHAPES:
+            zipf = ZipfIds(rows, 1.0, seed=rows)
+            modules = {}
+            for count in COLOCATED_COUNTS:
+                modules[count] = SplitTableBatchedEmbeddingBagsCodegen(
+                    [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * count,
+                    optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01)
+                back_with_huge_pages(modules[count])
+            times = {count: {"fwd": [], "bwd": []} for count in COLOCATED_COUNTS}
+            for rep in range(repeats):
+                order = COLOCATED_COUNTS[rep % len(COLOCATED_COUNTS):] + COLOCATED_COUNTS[:rep % len(COLOCATED_COUNTS)]
+                for count in order:
+                    ids = BATCH * pooling * count
+                    offsets = torch.arange(0, ids + 1, pooling)
+                    fwd, bwd = [], []
+                    for call in range(COLOCATED_CALLS + 1):  # the first call warms up
+                        batch = torch.from_numpy(zipf.sample(ids, rng).astype(np.int64))
+                        start = time.perf_counter()
+                        pooled = modules[count](batch, offsets)
+                        middle = time.perf_counter()
+                        pooled.backward(torch.ones_like(pooled))
+                        end = time.perf_counter()
+                        if call:
+                            fwd.append((middle - start) * 1e3 / count)
+                            bwd.append((end - middle) * 1e3 / count)
+                    times[count]["fwd"].append(statistics.median(fwd))
+                    times[count]["bwd"].append(statistics.median(bwd))
+            for count in COLOCATED_COUNTS:
+                row = {"dim": dim, "rows": rows, "pooling": pooling, "tables": count}
+                for k in ("fwd", "bwd"):
+                    row[f"{k}_ms_per_table"] = statistics.median(times[count][k])
+                    row[f"{k}_over_alone"] = row[f"{k}_ms_per_table"] / statistics.median(times[1][k])
+                    row[f"{k}_spread"] = [min(times[count][k]), max(times[count][k])]
+                out.append(row)
+                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+            del modules
+    finally:
+        if kernel is not None:
+            kernel.close()
+    return out
+
+
+def measured_lookups(run_dir: Path, world: int) -> list[float]:
+    windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"phase_ms"' in line]
+    windows = windows[WARM_UP_WINDOWS:]
+    return [statistics.median(w["phase_ms"]["emb_fwd"][r] + w["phase_ms"]["emb_bwd_opt"][r] for w in windows) for r in range(world)]
+
+
+def predicted_lookups(run, values: dict[str, float]) -> list[float]:
+    problem = replace(run.run.problem, cluster=with_values(run.run.problem.cluster, values))
+    per_rank = [0.0] * run.plan.world_size
+    for name, option in costed_options(run.plan, problem, AnalyticCostModel(problem.cluster, problem.training)):
+        for rank, shard in zip(run.plan.tables[name].ranks, option.shards):
+            per_rank[rank] += shard.perf.fwd_compute_ms + shard.perf.bwd_compute_ms
+    return per_rank
+
+
+def ranks(runs_dir: Path, hardware: str, constants: dict[str, float]) -> dict:
+    """Each rank's lookups, measured and predicted both ways, and how well each prediction tells
+    a run's two ranks apart (the difference's miss, as a share of their mean)."""
+    rows = []
+    for run_dir in sorted(p for p in runs_dir.glob("mix*_r*") if p.is_dir()):
+        run = load_run(run_dir, hardware)
+        if {t.sharding_type for t in run.plan.tables.values()} & {"data_parallel", "row_wise", "table_row_wise"}:
+            continue
+        profile = profile_values(run.run.problem.cluster)
+        kernel = {**profile, **{k: constants[k] for k in EMBEDDING_CONSTANTS if k != "kernel_launch_ms"}}
+        kernel["ddr_gb_per_s"] = 1.0 / constants["ddr_gb_per_s"]  # the fit's units: a bandwidth as its reciprocal
+        rows.append({"run": run_dir.name, "measured": measured_lookups(run_dir, run.plan.world_size),
+                     "profile": predicted_lookups(run, profile), "kernel": predicted_lookups(run, kernel)})
+    out = {"runs": rows}
+    for side in ("profile", "kernel"):
+        errors = [p / m - 1 for r in rows for p, m in zip(r[side], r["measured"])]
+        misses = [((r[side][0] - r[side][1]) - (r["measured"][0] - r["measured"][1])) / statistics.mean(r["measured"])
+                  for r in rows if len(r["measured"]) == 2]
+        out[side] = {"rank_error_median": float(np.median(np.abs(errors))), "rank_error_mean": float(np.mean(errors)),
+                     "rank_difference_miss_rms": float(np.sqrt(np.mean(np.square(misses)))), "ranks": len(errors)}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hardware", default=str(ROOT / "benchmarks/results/costmodel_intel207_fitted.yaml"))
+    ap.add_argument("--runs", type=Path, help="a costmodel_bench.py --runs folder: its runs' ranks compared")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/lookup_kernel.json")
+    args = ap.parse_args()
+    if args.repeats < 2:
+        ap.error("--repeats must be >= 2 (the grid's spread needs two)")
+    if args.runs is not None and not any(args.runs.glob("mix*_r*/metrics.jsonl")):
+        ap.error(f"--runs {args.runs}: no costmodel_bench.py runs in it (mix*_r*/metrics.jsonl)")
+    result = {"grid": grid(args.repeats)}
+    print(json.dumps({k: v for k, v in result["grid"].items() if k != "samples"}, indent=1), flush=True)
+    result["colocated"] = colocated(args.repeats)
+    if args.runs is not None:
+        result["ranks"] = ranks(args.runs, args.hardware, result["grid"]["constants"])
+        print(json.dumps({k: result["ranks"][k] for k in ("profile", "kernel")}, indent=1))
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
