@@ -125,7 +125,7 @@ def main() -> int:
     ap.add_argument("--plans", help=f"labels among {', '.join(PLANS)}; ours is needed (default {training['plans']})")
     ap.add_argument("--rounds", type=int, help=f"default {training['rounds']}")
     ap.add_argument("--steps", type=int, help=f"default {training['steps']}")
-    ap.add_argument("--hardware", help="default benchmarks/results/costmodel_intel_fitted.yaml")
+    ap.add_argument("--hardware", help=f"default {training['hardware']}")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON", help="train nothing: pool these runs' rounds into --out")
     args = ap.parse_args()
