@@ -13,8 +13,8 @@
 3. ranks (with --runs DIR, a `costmodel_bench.py --runs` folder): each rank's measured lookups
    (emb_fwd + emb_bwd_opt, median over windows) against --hardware's prediction and against the
    grid's constants with --hardware's launch cost (training launches one batched module per
-   rank, not one a table as the grid does), for the plans without replicas or row blocks (their
-   lookup phases hold other work).
+   rank, not one a table as the grid does), for the plans without replicas, row blocks or
+   caches (their lookup phases hold other work).
 
     python benchmarks/lookup_kernel.py --hardware benchmarks/results/costmodel_intel207_fitted.yaml --runs DIR --out benchmarks/results/lookup_kernel_intel207.json
 """
@@ -26,7 +26,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +33,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.costmodel_bench import run_cli  # noqa: E402
 from dlrm_scale.tools.calibrate import EMBEDDING_CONSTANTS, CalibrationConfig, embedding_samples, fit_embedding  # noqa: E402
-from dlrm_scale.tools.fit import profile_values, with_values  # noqa: E402
-from dlrm_scale.tools.runs import WARM_UP_WINDOWS, load_run  # noqa: E402
-from planner.cost_model import AnalyticCostModel, lookup_bwd_ms, lookup_fwd_ms  # noqa: E402
-from planner.scoring import costed_options  # noqa: E402
+from dlrm_scale.tools.fit import compare  # noqa: E402
+from dlrm_scale.tools.runs import load_run  # noqa: E402
+from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms  # noqa: E402
 
 BATCH = 1024
 GRID = CalibrationConfig(batch_size=BATCH, dims=(16, 64, 128, 256), pooling_factors=(1, 8, 32, 100),
@@ -131,34 +130,23 @@ def colocated(repeats: int) -> list[dict]:
     return out
 
 
-def measured_lookups(run_dir: Path, world: int) -> list[float]:
-    windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"phase_ms"' in line]
-    windows = windows[WARM_UP_WINDOWS:]
-    return [statistics.median(w["phase_ms"]["emb_fwd"][r] + w["phase_ms"]["emb_bwd_opt"][r] for w in windows) for r in range(world)]
+def lookup_runs(runs_dir: Path, hardware: str) -> list:
+    """The runs of `runs_dir` whose ranks' embedding phase is their lookups alone (emb_fwd +
+    emb_bwd_opt): no replicas (their dense update), no row blocks (their bucketing), no caches;
+    read before any timing, so a bad folder or profile is one line, not a failure at the end."""
+    runs = [load_run(d, hardware) for d in sorted(p for p in runs_dir.glob("mix*_r*") if p.is_dir())]
+    return [run for run in runs if not any(t.sharding_type in ("data_parallel", "row_wise", "table_row_wise") or t.cached
+                                           for t in run.plan.tables.values())]
 
 
-def predicted_lookups(run, values: dict[str, float]) -> list[float]:
-    problem = replace(run.run.problem, cluster=with_values(run.run.problem.cluster, values))
-    per_rank = [0.0] * run.plan.world_size
-    for name, option in costed_options(run.plan, problem, AnalyticCostModel(problem.cluster, problem.training)):
-        for rank, shard in zip(run.plan.tables[name].ranks, option.shards):
-            per_rank[rank] += shard.perf.fwd_compute_ms + shard.perf.bwd_compute_ms
-    return per_rank
-
-
-def ranks(runs_dir: Path, hardware: str, constants: dict[str, float]) -> dict:
+def ranks(runs: list, constants: dict[str, float]) -> dict:
     """Each rank's lookups, measured and predicted both ways, and how well each prediction tells
     a run's two ranks apart (the difference's miss, as a share of their mean)."""
-    rows = []
-    for run_dir in sorted(p for p in runs_dir.glob("mix*_r*") if p.is_dir()):
-        run = load_run(run_dir, hardware)
-        if {t.sharding_type for t in run.plan.tables.values()} & {"data_parallel", "row_wise", "table_row_wise"}:
-            continue
-        profile = profile_values(run.run.problem.cluster)
-        kernel = {**profile, **{k: constants[k] for k in EMBEDDING_CONSTANTS if k != "kernel_launch_ms"}}
-        kernel["ddr_gb_per_s"] = 1.0 / constants["ddr_gb_per_s"]  # the fit's units: a bandwidth as its reciprocal
-        rows.append({"run": run_dir.name, "measured": measured_lookups(run_dir, run.plan.world_size),
-                     "profile": predicted_lookups(run, profile), "kernel": predicted_lookups(run, kernel)})
+    kernel = {k: constants[k] for k in EMBEDDING_CONSTANTS if k != "kernel_launch_ms"}
+    kernel["ddr_gb_per_s"] = 1.0 / constants["ddr_gb_per_s"]  # the fit's units: a bandwidth as its reciprocal
+    rows = [{"run": run.directory.name, "measured": [r["embedding"] for r in run.phases_ms],
+             "profile": [r["embedding"] for r in compare(run).predicted],
+             "kernel": [r["embedding"] for r in compare(run, kernel).predicted]} for run in runs]
     out = {"runs": rows}
     for side in ("profile", "kernel"):
         errors = [p / m - 1 for r in rows for p, m in zip(r[side], r["measured"])]
@@ -180,15 +168,18 @@ def main() -> int:
         ap.error("--repeats must be >= 2 (the grid's spread needs two)")
     if args.runs is not None and not any(args.runs.glob("mix*_r*/metrics.jsonl")):
         ap.error(f"--runs {args.runs}: no costmodel_bench.py runs in it (mix*_r*/metrics.jsonl)")
+    if not args.out.parent.is_dir():
+        ap.error(f"--out {args.out}: folder {args.out.parent} does not exist")
+    runs = lookup_runs(args.runs, args.hardware) if args.runs is not None else None
     result = {"grid": grid(args.repeats)}
     print(json.dumps({k: v for k, v in result["grid"].items() if k != "samples"}, indent=1), flush=True)
     result["colocated"] = colocated(args.repeats)
-    if args.runs is not None:
-        result["ranks"] = ranks(args.runs, args.hardware, result["grid"]["constants"])
+    if runs is not None:
+        result["ranks"] = ranks(runs, result["grid"]["constants"])
         print(json.dumps({k: result["ranks"][k] for k in ("profile", "kernel")}, indent=1))
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)
