@@ -27,7 +27,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	mkdir -p out/demo
 	$(VENV)/bin/dlrm-scale plan configs/tiny.yaml --out out/demo/plan.json --plot out/demo/plan.png
-	$(VENV)/bin/torchrun --nproc_per_node 2 -m dlrm_scale.train --config configs/tiny.yaml \
+	$(VENV)/bin/dlrm-scale train --nproc-per-node 2 --config configs/tiny.yaml \
 	  --plan out/demo/plan.json --steps 3000 --eval-every 1000 --out-dir out/demo
 
 bench: $(STAMP)

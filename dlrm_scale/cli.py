@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dlrm_scale import quiet
 from dlrm_scale.run_config import Overrides, load_run_config
 from planner.errors import ConfigError, PlannerBugError, PlannerError
 from planner.plan import Plan
@@ -440,7 +441,8 @@ def run_train(args: argparse.Namespace, rest: list[str]) -> int:
     else:  # one node: the rendezvous and the process group's store listen on loopback only
         cmd += ["--master_addr=127.0.0.1"]
     cmd += ["-m", "dlrm_scale.train", *rest]
-    return subprocess.call(cmd, env=os.environ.copy())
+    # torchrun's own default (one thread per worker), given here so that it prints no banner about it
+    return subprocess.call(cmd, env={"OMP_NUM_THREADS": "1", **os.environ})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     add_diff_parser(sub)
     add_export_parser(sub)
     args, rest = parser.parse_known_args(argv)
+    quiet.install()
     try:
         if args.command == "train":
             return run_train(args, rest)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dlrm_scale import quiet
 from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from dlrm_scale.training.trainer import Trainer
 
         job = check_job(parse_args(argv))
+        quiet.install(job.out_dir / f"third_party_rank{os.environ.get('RANK', 0)}.log")
         rank, world, device = init_distributed()
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
         elsewhere = measured_elsewhere(run.profile) if device.type == "cpu" and rank == 0 else None

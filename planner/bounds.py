@@ -1,9 +1,10 @@
-"""Lower bounds on the busiest rank's step time, valid for any plan over the same options."""
+"""Lower bounds on the busiest rank's time and on the step, valid for any plan over the same options."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from planner.types import ShardingOption
 
@@ -44,3 +45,29 @@ def shard_limited_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOptio
             if least < next_ms:  # T in [shard_ms, next_ms) allows these options only
                 return least
     return 0.0  # no options at all
+
+
+def step_lower_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], world_size: int, rank_bound_ms: float,
+                        types_ms: Callable[[Iterable], float]) -> float:
+    """A bound on the step the planner minimises (each phase waiting for its busiest rank, plus
+    `types_ms`: the fixed cost of the collectives a plan's set of sharding types runs).
+
+    A plan using exactly the types U takes at least its busiest rank plus types_ms(U), and its
+    busiest rank is at least `rank_bound_ms` (a bound over all plans) and the shard-limited bound
+    of the options of U alone. The bound is the least of that over every U: each U with the
+    first term alone, single types with both (a single type is where a plan's fixed cost is
+    least, and its own bound can be far above the general one: all data-parallel on two ranks
+    carries every table on both)."""
+    kinds = {frozenset(o.sharding_type for o in opts) for opts in options_by_table.values()}  # few distinct ones
+    types = sorted(frozenset().union(*kinds), key=lambda t: t.value)
+    best = math.inf
+    for size in range(1, len(types) + 1):
+        for subset in itertools.combinations(types, size):
+            if not all(kind.intersection(subset) for kind in kinds):
+                continue  # a table with no option of these types: no plan uses exactly them
+            rank_ms = rank_bound_ms
+            if size == 1:
+                only = {t: [o for o in opts if o.sharding_type == subset[0]] for t, opts in options_by_table.items()}
+                rank_ms = max(rank_bound_ms, shard_limited_bound_ms(only, world_size))
+            best = min(best, rank_ms + types_ms(subset))
+    return best

@@ -77,10 +77,20 @@ class Plan:
     solver: str = ""
     solve_seconds: float = 0.0
     inputs: PlanInputs | None = None  # what it was made for; None for a plan written by hand
+    # The search's objective and its proven bound (ms): the step as the collectives make it,
+    # each phase waiting for its busiest rank, plus the fixed cost of the plan's sharding types.
+    # None for a plan the search did not make (by hand, TorchRec's, a replan's).
+    step: tuple[float, float] | None = None
 
     @property
     def gap(self) -> float:
+        """The busiest rank's distance from its proven bound."""
         return self.max_rank_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 0 else 0.0
+
+    @property
+    def step_gap(self) -> float | None:
+        """The objective's distance from its proven bound: how far the search may be from the best plan."""
+        return None if self.step is None else self.step[0] / self.step[1] - 1
 
     # ---- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +117,8 @@ class Plan:
                 "max_rank_ms": self.max_rank_ms,
                 "lower_bound_ms": self.lower_bound_ms,
                 "gap": self.gap,
+                **({"step_ms": self.step[0], "step_lower_bound_ms": self.step[1], "step_gap": self.step_gap}
+                   if self.step is not None else {}),
                 "solver": self.solver,
                 "solve_seconds": self.solve_seconds,
             },
@@ -133,9 +145,14 @@ class Plan:
         tables = {name: reader.table(name, t, world, local) for name, t in reader.need(doc, "tables", dict, "plan").items()}
         ranks = [reader.rank(i, r) for i, r in enumerate(reader.need(doc, "ranks", list, "plan") if "ranks" in doc else [])]
         predicted = reader.need(doc, "predicted", dict, "plan") if "predicted" in doc else {}
-        for key in ("max_rank_ms", "lower_bound_ms", "solve_seconds"):
+        for key in ("max_rank_ms", "lower_bound_ms", "solve_seconds", "step_ms", "step_lower_bound_ms"):
             if key in predicted:
                 reader.number(predicted, key, "plan.predicted")
+        step = None
+        if "step_ms" in predicted or "step_lower_bound_ms" in predicted:
+            step = (reader.number(predicted, "step_ms", "plan.predicted"), reader.number(predicted, "step_lower_bound_ms", "plan.predicted"))
+            if step[1] <= 0:
+                raise PlanFormatError(f"{source}: plan.predicted.step_lower_bound_ms is {step[1]}, not a positive number")
         inputs = PlanInputs.from_dict(reader.need(doc, "inputs", dict, "plan"), source) if "inputs" in doc else None
         return cls(
             world_size=world,
@@ -148,6 +165,7 @@ class Plan:
             solver=str(predicted.get("solver", "")),
             solve_seconds=float(predicted.get("solve_seconds", 0.0)),
             inputs=inputs,
+            step=step,
         )
 
 

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from planner.assignment import RankLoads, rank_perf_storage
 from planner.candidates import enumerate_options
 from planner.capacity import check_capacity
+from planner.bounds import step_lower_bound_ms
 from planner.colocation import Colocated, colocate
 from planner.cost_model import AnalyticCostModel, CostModel, sharding_types_ms
 from planner.errors import InfeasiblePlanError
@@ -70,7 +71,9 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
         except InfeasiblePlanError:
             if i == len(attempts) - 1:
                 raise
-    plan = plan_from_solution(solution, problem, cost_model.name)
+    step_bound_ms = step_lower_bound_ms(search.options_by_table, problem.cluster.world_size, solution.lower_bound_ms,
+                                        lambda types: sharding_types_ms(types, problem.cluster))
+    plan = plan_from_solution(solution, problem, cost_model.name, (_step_ms(solution, problem.cluster), step_bound_ms))
     check_capacity([r.memory for r in plan.ranks], problem.cluster)
     return plan
 
@@ -153,9 +156,11 @@ def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec
                      shards, option.cache_fraction if cached else None)
 
 
-def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model: str) -> Plan:
+def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model: str,
+                       step: tuple[float, float] | None = None) -> Plan:
     """The plan of a solution: each table's shards on their ranks, each rank's predicted time
-    and bytes (the sums of its shards'), and the inputs it was made for."""
+    and bytes (the sums of its shards'), the inputs it was made for, and `step`: the step the
+    search minimised and its proven bound, where the search gave them."""
     world = problem.cluster.world_size
     choice, shard_ranks = solution.assignment.choice, solution.assignment.shard_ranks
     tables = {t.name: option_layout(choice[t.name], shard_ranks[t.name], t) for t in problem.tables}
@@ -164,4 +169,4 @@ def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model:
     return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
                 max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,
                 cost_model=cost_model, solver=solution.method, solve_seconds=solution.seconds,
-                inputs=PlanInputs.of(problem))
+                inputs=PlanInputs.of(problem), step=step)

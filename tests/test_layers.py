@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Lowest first; a module may import from its own layer and those before it.
 LAYERS = [
     ("planner",),
-    ("dlrm_scale.run_config",),
+    ("dlrm_scale.run_config", "dlrm_scale.quiet"),
     ("dlrm_scale.kernels",),
     ("dlrm_scale.bridge",),
     ("dlrm_scale.tiering",),

@@ -3,10 +3,14 @@ import json
 
 import pytest
 
+from dlrm_scale.run_config import load_run_config
+from planner.bounds import step_lower_bound_ms
 from planner.errors import PlanFormatError
 from planner.plan import SCHEMA, Plan
 from planner.planning import make_plan
+from planner.report import format_plan
 from planner.solver import SolverConfig
+from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -142,3 +146,41 @@ def test_a_plan_records_the_inputs_it_was_made_for():
     with pytest.raises(PlanFormatError, match="made for batch_size_per_rank 512, this run has 256"):
         check_plan_inputs(plan, other_batch)
     check_plan_inputs(replace(plan, inputs=None), other_batch)  # a plan written by hand records none
+
+
+def _option(name, sharding_type, shard_ms):
+    cost = ShardCost(Perf(fwd_compute_ms=shard_ms), Storage())
+    return ShardingOption(name, sharding_type, "fused", "hbm", tuple(ShardGeometry(0, 0, 100, 8) for _ in range(2)), (cost, cost))
+
+
+def test_the_step_bound_is_the_least_over_sets_of_sharding_types():
+    """Hand arithmetic: two tables on two ranks, each table-wise-like (2 shards of 1 ms) or
+    replicated (2 shards of 3 ms). The busiest rank's bound is 1 ms; the types' fixed cost is 10
+    ms a sharded type and 1 ms for replicas. Replicas alone: their own bound is 6 ms (each rank
+    carries 3 + 3), plus 1 = 7 ms; the sharded type alone 2 (a shard of each table a rank) + 10 =
+    12; both 1 + 11 = 12."""
+    options = {t: [_option(t, ShardingType.COLUMN_WISE, 1.0), _option(t, ShardingType.DATA_PARALLEL, 3.0)] for t in "ab"}
+    fixed = {ShardingType.COLUMN_WISE: 10.0, ShardingType.DATA_PARALLEL: 1.0}
+    assert step_lower_bound_ms(options, 2, 1.0, lambda types: sum(fixed[t] for t in types)) == pytest.approx(7.0)
+    fixed[ShardingType.DATA_PARALLEL] = 9.0  # now the sharded type alone is cheapest: 2 + 10
+    assert step_lower_bound_ms(options, 2, 1.0, lambda types: sum(fixed[t] for t in types)) == pytest.approx(12.0)
+    options["b"] = options["b"][1:]  # b replicated only: no plan uses the sharded type alone; replicas 6 + 9
+    assert step_lower_bound_ms(options, 2, 1.0, lambda types: sum(fixed[t] for t in types)) == pytest.approx(15.0)
+
+
+def test_the_summary_reports_the_gap_of_the_step_the_search_minimised():
+    """tiny.yaml goes all data-parallel (one all-reduce instead of three all-to-alls): its
+    busiest rank is far above the busiest-rank bound, but its step is proven optimal."""
+    plan = make_plan(load_run_config("configs/tiny.yaml").problem)
+    step_ms, bound_ms = plan.step
+    assert plan.gap > 1.0 and step_ms == pytest.approx(bound_ms) and plan.step_gap == pytest.approx(0.0, abs=1e-9)
+    summary = format_plan(plan)
+    assert f"proven lower bound {bound_ms:.4f} ms, gap 0.00%" in summary and "488" not in summary
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.step == plan.step
+
+
+@pytest.mark.parametrize("config", ["criteo_kaggle", "bench_embedding_bound", "bench_tiered"])
+def test_the_step_never_beats_its_bound(config):
+    plan = make_plan(load_run_config(f"configs/{config}.yaml").problem, config=SolverConfig(time_limit_s=2.0))
+    assert plan.lower_bound_ms <= plan.step[1] <= plan.step[0] * (1 + 1e-9)
