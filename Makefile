@@ -31,8 +31,8 @@ demo: $(STAMP)
 	  --plan out/demo/plan.json --steps 3000 --eval-every 1000 --out-dir out/demo
 
 bench: $(STAMP)
-	$(PY) benchmarks/planner_bench.py
-	$(PY) benchmarks/train_bench.py
+	$(PY) -m benchmarks.planner_bench
+	$(PY) -m benchmarks.train_bench
 
 # On a fresh CUDA machine: the CUDA stack, then every CUDA path once (scripts/gpu_check.py).
 gpu-check:

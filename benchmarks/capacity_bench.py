@@ -4,7 +4,7 @@ a quarter under a user's constraints: a rule on some tables and a memory reserve
 and its plan re-checked against every tier of every rank from the shards alone, and against
 every rule.
 
-    python benchmarks/capacity_bench.py [--problems 2000] [--seed 0]
+    python -m benchmarks.capacity_bench [--problems 2000] [--seed 0]
 
 A problem ends in a plan that fits, or a one-line refusal (InfeasiblePlanError); anything
 else (a plan that overfills, the planner's own last check firing, a traceback) is counted
@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import platform
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
+from hypothesis import HealthCheck, given, seed, settings
 
-from tests.capacity_problems import broken_rule, cases, overfilled, plan_or_refusal  # noqa: E402
+from tests.capacity_problems import broken_rule, cases, overfilled, plan_or_refusal
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "capacity.json"
 
@@ -65,14 +62,12 @@ def main() -> int:
     seconds = time.perf_counter() - start
     total = sum(v for k, v in counts.items() if k.endswith(("planned", "refused", "violations")))
     result = {
-        "machine": f"{platform.processor() or platform.machine()}, {platform.system()} {platform.release()}",
         "problems": total,
         "counts": dict(sorted(counts.items())),
         "violations": violations,
         "seconds": round(seconds, 1),
-        "command": "python benchmarks/capacity_bench.py --problems %d --seed %d" % (args.problems, args.seed),
     }
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(RESULTS, result)
     print(json.dumps({k: v for k, v in result.items() if k != "violations"}, indent=1))
     for line in violations[:20]:
         print("VIOLATION", line)

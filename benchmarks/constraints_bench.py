@@ -5,27 +5,24 @@ memory reserve, against the same problem unconstrained. Reports planning time (t
 ≤ 10 s), the busiest rank and its gap to the proven bound, and checks every constraint in the
 plan (tests/capacity_problems.broken_rule).
 
-    .venv/bin/python benchmarks/constraints_bench.py [--repeats 3]
+    python -m benchmarks.constraints_bench [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.workloads import workload  # noqa: E402
-from planner.constraints import constrain  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.solver import SolverConfig  # noqa: E402
-from tests.capacity_problems import broken_rule  # noqa: E402
+from benchmarks.workloads import workload
+from planner.constraints import constrain
+from planner.planning import make_plan
+from planner.solver import SolverConfig
+from tests.capacity_problems import broken_rule
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "constraints.json"
 
@@ -69,10 +66,10 @@ def main() -> None:
                       "max_rank_ms": rs[0]["max_rank_ms"], "gap": rs[0]["gap"],
                       "violations": sum(r["broken"] is not None for r in rs)} for name, rs in runs.items()}
     summary["constrained"]["vs_unconstrained"] = summary["constrained"]["max_rank_ms"] / summary["unconstrained"]["max_rank_ms"]
-    out = {"machine": f"{platform.processor() or platform.machine()}, {platform.system()} {platform.release()}",
+    out = {
            "workload": "synthetic_1000x128", "constraints": 50, "time_limit_s": args.time_limit,
            "summary": summary, "runs": runs}
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_result(Path(args.out), out)
     print(json.dumps(summary, indent=1))
 
 

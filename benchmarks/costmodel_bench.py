@@ -16,8 +16,8 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
 4. Planner regret per held-out mix: the median measured step of the planner's plan over the
    fastest plan's median, for ours and for TorchRec's.
 
-    python benchmarks/costmodel_bench.py [--steps 60] [--repeats 3] [--runs DIR]
-    python benchmarks/costmodel_bench.py --runs DIR --rescore   # the kept runs scored again, trains nothing
+    python -m benchmarks.costmodel_bench [--steps 60] [--repeats 3] [--runs DIR]
+    python -m benchmarks.costmodel_bench --runs DIR --rescore   # the kept runs scored again, trains nothing
 
 Writes benchmarks/results/costmodel.json, costmodel_fitted.yaml, costmodel.png (scatter) and
 costmodel_regret.png; with --name NAME, costmodel_NAME.* instead (a profile belongs to the
@@ -39,18 +39,17 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values  # noqa: E402
-from dlrm_scale.tools.runs import load_run  # noqa: E402
-from planner.config import hardware_path  # noqa: E402
-from planner.errors import ConfigError  # noqa: E402
-from planner.plan import Plan, table_layout, uniform_plan  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.specs import PlanningProblem  # noqa: E402
-from planner.types import ShardingType  # noqa: E402
-from dlrm_scale.run_config import load_problem  # noqa: E402
+from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values
+from dlrm_scale.tools.runs import load_run
+from planner.config import hardware_path
+from planner.errors import ConfigError
+from planner.plan import Plan, table_layout, uniform_plan
+from planner.planning import make_plan
+from planner.specs import PlanningProblem
+from planner.types import ShardingType
+from dlrm_scale.run_config import load_problem
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results"
 MODEL = {"num_dense_features": 13, "dense_arch": [64, 32], "over_arch": [64, 1]}
@@ -358,7 +357,7 @@ def main() -> int:
     mixes = {f"mix{i}": generate_mix(i) for i in range(args.mixes)}
     doc = {"summary": summary, "regret": regrets, "rescored": args.rescore, "steps": args.steps, "repeats": args.repeats, "held_out": held_out,
            "fit_half": fitted_on, "mixes": mixes, "hardware": shown_path(hardware_path(args.hardware))}
-    (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_result((RESULTS / f"{stem}.json"), doc)
     plots(held_out, regrets, summary, stem)
     if args.rescore:
         print("rescored: predictions and fit from the model as it is now; the regrets are of the plans these runs trained")

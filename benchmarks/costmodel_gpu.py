@@ -8,9 +8,9 @@ A lent GPU comes for minutes, one of them, so this is the first look, not costmo
 - one run a plan; runs stop being started when --budget-s is spent (ours over every mix first).
 
     # on the GPU machine, with the stack unpacked (scripts/offline_cuda/unpack.sh):
-    python benchmarks/costmodel_gpu.py --train --runs /tmp/runs --archive $OUT/runs.tar.gz --budget-s 340
+    python -m benchmarks.costmodel_gpu --train --runs /tmp/runs --archive $OUT/runs.tar.gz --budget-s 340
     # here, on what came back (a call returns at most 8 files: the runs come back as one archive):
-    tar xzf runs.tar.gz -C DIR && python benchmarks/costmodel_gpu.py --runs DIR/runs [--name h200]
+    tar xzf runs.tar.gz -C DIR && python -m benchmarks.costmodel_gpu --runs DIR/runs [--name h200]
 
 Scoring writes benchmarks/results/costmodel_NAME.json and costmodel_NAME_fitted.yaml.
 """
@@ -28,18 +28,17 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.costmodel_bench import (TABLE_COUNTS, accuracy, generate_mix, layout_key, phase_errors,  # noqa: E402
+from benchmarks.costmodel_bench import (TABLE_COUNTS, accuracy, generate_mix, layout_key, phase_errors,
                                         run_cli, shown_path, write_config)
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from dlrm_scale.tools.fit import compare, profile_values  # noqa: E402
-from dlrm_scale.tools.runs import load_run  # noqa: E402
-from planner.config import hardware_path  # noqa: E402
-from planner.errors import ConfigError  # noqa: E402
-from planner.plan import Plan, table_layout  # noqa: E402
-from planner.types import ShardingType  # noqa: E402
+from dlrm_scale.run_config import load_problem
+from dlrm_scale.tools.fit import compare, profile_values
+from dlrm_scale.tools.runs import load_run
+from planner.config import hardware_path
+from planner.errors import ConfigError
+from planner.plan import Plan, table_layout
+from planner.types import ShardingType
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results"
 PLANS = ("ours", "uvm_cached")
@@ -150,7 +149,7 @@ def score(runs: Path, hardware: str, name: str) -> dict:
     }
     doc = {"summary": summary, "choices": choices, "held_out": held, "fit_half": fitted_on,
            "hardware": shown_path(hardware_path(hardware)), "fitted_profile": shown_path(fitted_profile)}
-    (RESULTS / f"costmodel_{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_result((RESULTS / f"costmodel_{name}.json"), doc)
     return summary
 
 

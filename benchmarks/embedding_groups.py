@@ -16,7 +16,7 @@ well those sums follow a rank's measured time. Here, on this machine:
 - plans: for each of `--plans`' mixes, the ranks of its all-table-wise plans (ours, TorchRec's
   planner's, all table-wise) timed the same way, rounds alternated, beside the prediction.
 
-    python benchmarks/embedding_groups.py [--mixes 0,...,11] [--groups 12] [--plans 11] [--rounds 60] [--out JSON]
+    python -m benchmarks.embedding_groups [--mixes 0,...,11] [--groups 12] [--plans 11] [--rounds 60] [--out JSON]
 
 Writes --out (default benchmarks/results/embedding_groups.json) and prints Markdown tables.
 """
@@ -24,21 +24,16 @@ Writes --out (default benchmarks/results/embedding_groups.json) and prints Markd
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import BATCH_SIZE_PER_RANK, RESULTS, TABLE_COUNTS, WORLD, generate_mix, plan_for, write_config  # noqa: E402
-from regret_paired import rotated  # noqa: E402
+from benchmarks.costmodel_bench import BATCH_SIZE_PER_RANK, RESULTS, TABLE_COUNTS, WORLD, generate_mix, plan_for, write_config
+from benchmarks.regret_paired import rotated
+from benchmarks.common import write_result
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 WARMUP, TIMED, DATA_STEPS = 16, 24, 8
@@ -202,8 +197,7 @@ def main() -> int:
         rows = groups(mixes, args.groups, Path(tmp))
         ranks = [r for index in plan_mixes for r in plan_ranks(index, args.rounds, Path(tmp))]
     result = score(rows)
-    args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(), "batch": BATCH_SIZE_PER_RANK * WORLD,
-                                    **result, "plan_ranks": ranks, "group_runs": rows}, indent=1) + "\n")
+    write_result(args.out, {"batch": BATCH_SIZE_PER_RANK * WORLD, **result, "plan_ranks": ranks, "group_runs": rows})
     h, p = result["refit_held_out_mix"], result["profile"]
     print(f"\n{result['groups']} groups: the model's form refitted without each group's mix, |error| median {100 * h['median']:.1f}%, "
           f"p90 {100 * h['p90']:.1f}%, max {100 * h['max']:.1f}%; the profile as it is: median {100 * p['median']:.1f}%, p90 {100 * p['p90']:.1f}%")

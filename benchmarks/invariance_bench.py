@@ -1,7 +1,7 @@
 """The plan never changes the model, measured: one config and seed trained under several plans
 and world sizes (same global batch), every step's loss compared with all-table-wise on 2 ranks.
 
-    python benchmarks/invariance_bench.py [--models tiny,embedding_bound] [--steps 300]
+    python -m benchmarks.invariance_bench [--models tiny,embedding_bound] [--steps 300]
 
 Plans, each a real `torchrun ... dlrm_scale.train --deterministic` job: all table-wise, all
 column-wise, all row-wise, data-parallel (every table where it fits: tiny; tables up to 50k
@@ -25,13 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.train_bench import machine  # noqa: E402
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from planner.plan import Plan, table_layout  # noqa: E402
-from planner.types import ShardingType  # noqa: E402
+from dlrm_scale.run_config import load_problem
+from planner.plan import Plan, table_layout
+from planner.types import ShardingType
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "invariance.json"
 MODELS = {"tiny": "configs/tiny.yaml", "embedding_bound": "configs/bench_embedding_bound.yaml"}
@@ -105,8 +103,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    results = {"steps": args.steps, "seed": SEED, "machine": machine(), "anchor": ANCHOR, "models": {},
-               "command": f"python benchmarks/invariance_bench.py --models {args.models} --steps {args.steps}"}
+    results = {"steps": args.steps, "seed": SEED, "anchor": ANCHOR, "models": {}}
     for model in args.models.split(","):
         config = MODELS[model]
         batch = load_problem(config).training.batch_size_per_rank
@@ -132,7 +129,7 @@ def main() -> int:
         }
         print(json.dumps(results["models"][model], indent=1), flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    write_result(RESULTS, results)
     return 0
 
 

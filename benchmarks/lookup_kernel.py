@@ -16,7 +16,7 @@
    rank, not one a table as the grid does), for the plans without replicas, row blocks or
    caches (their lookup phases hold other work).
 
-    python benchmarks/lookup_kernel.py --hardware benchmarks/results/costmodel_intel207_fitted.yaml --runs DIR --out benchmarks/results/lookup_kernel_intel207.json
+    python -m benchmarks.lookup_kernel --hardware benchmarks/results/costmodel_intel207_fitted.yaml --runs DIR --out benchmarks/results/lookup_kernel_intel207.json
 """
 
 from __future__ import annotations
@@ -24,20 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.costmodel_bench import run_cli  # noqa: E402
-from dlrm_scale.tools.calibrate import EMBEDDING_CONSTANTS, CalibrationConfig, embedding_samples, fit_embedding  # noqa: E402
-from dlrm_scale.tools.fit import compare  # noqa: E402
-from dlrm_scale.tools.runs import load_run  # noqa: E402
-from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms  # noqa: E402
+from benchmarks.costmodel_bench import run_cli
+from dlrm_scale.tools.calibrate import EMBEDDING_CONSTANTS, CalibrationConfig, embedding_samples, fit_embedding
+from dlrm_scale.tools.fit import compare
+from dlrm_scale.tools.runs import load_run
+from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
+from benchmarks.common import ROOT, write_result
 
 BATCH = 1024
 GRID = CalibrationConfig(batch_size=BATCH, dims=(16, 64, 128, 256), pooling_factors=(1, 8, 32, 100),
@@ -177,7 +175,7 @@ def main() -> int:
     if runs is not None:
         result["ranks"] = ranks(runs, result["grid"]["constants"])
         print(json.dumps({k: result["ranks"][k] for k in ("profile", "kernel")}, indent=1))
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     return 0
 
 

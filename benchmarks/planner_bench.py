@@ -9,7 +9,7 @@ For every workload, in the same run:
   in a child process with a time limit.
 - memory: every rank's bytes per tier re-checked against the cluster's capacities.
 
-    python benchmarks/planner_bench.py [--only NAME ...] [--torchrec-timeout S]
+    python -m benchmarks.planner_bench [--only NAME ...] [--torchrec-timeout S]
 
 Writes benchmarks/results/planner.json and prints a Markdown table for the README.
 """
@@ -25,17 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from workloads import WORKLOADS, workload  # noqa: E402
+from benchmarks.workloads import WORKLOADS, workload
 
-from planner.bounds import lower_bound_ms  # noqa: E402
-from planner.candidates import enumerate_options  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.solver import SolverConfig  # noqa: E402
-from planner.types import TIERS  # noqa: E402
+from planner.bounds import lower_bound_ms
+from planner.candidates import enumerate_options
+from planner.planning import make_plan
+from planner.solver import SolverConfig
+from planner.types import TIERS
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "planner.json"
 
@@ -160,7 +158,7 @@ def main() -> int:
         "results": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(Path(args.out), doc)
     print(markdown(rows))
     return 0
 

@@ -10,7 +10,7 @@ here, for every table-wise plan of those runs (each mix's distinct plans once):
   least squares on the cost-model benchmark's fit half (even mixes) and scored on its held-out
   half (odd mixes): a quantity the model mis-prices corrects the held-out half too.
 
-    python benchmarks/rank_differences.py RUN.json [RUN.json ...] [--out JSON]
+    python -m benchmarks.rank_differences RUN.json [RUN.json ...] [--out JSON]
 
 The plans are made again (ours with benchmarks/results/costmodel_fitted.yaml, as regret_paired
 makes them) and must be those the runs trained (their layouts are compared).
@@ -26,11 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config  # noqa: E402
+from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config
+from benchmarks.common import write_result
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 QUANTITIES = ("ids", "distinct_rows", "distinct_bytes", "id_weights", "tables")
@@ -131,7 +129,7 @@ def main() -> int:
               "run regret_paired.py on mixes of both", file=sys.stderr)
         return 2
     result = score(pairs)
-    args.out.write_text(json.dumps({"runs": [str(p) for p in args.runs], **result, "table_wise_pairs": pairs}, indent=1) + "\n")
+    write_result(args.out, {"runs": [str(p) for p in args.runs], **result, "table_wise_pairs": pairs})
     m = result["model"]
     print(f"rank 1 - rank 0, predicted against measured: fit half rms {m['fit']['rms_ms']:.2f} ms ({result['pairs']['fit']} plans), "
           f"held-out rms {m['held_out']['rms_ms']:.2f} ms, median {m['held_out']['median_abs_ms']:.2f} ({result['pairs']['held_out']} plans)")

@@ -12,8 +12,8 @@ so a slow spell of the machine falls on neighbouring jobs of every plan:
   fastest plan's, with a 90% bootstrap interval resampling whole rounds;
 - each plan's phases per rank (median over its jobs), to trace a regret to a phase and a rank.
 
-    python benchmarks/regret_jobs.py [--mix 7] [--plans ours,torchrec,table_wise] [--rounds 20] [--steps 120]
-    python benchmarks/regret_jobs.py --pool A.json B.json --out POOLED.json   # trains nothing
+    python -m benchmarks.regret_jobs [--mix 7] [--plans ours,torchrec,table_wise] [--rounds 20] [--steps 120]
+    python -m benchmarks.regret_jobs --pool A.json B.json --out POOLED.json   # trains nothing
 
 Needs the held-out profile costmodel_bench.py fitted (--hardware, default
 benchmarks/results/costmodel_intel_fitted.yaml: ours is planned with it, as in that
@@ -27,21 +27,19 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_mix, given_plan, layout_key,  # noqa: E402
+from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_mix, given_plan, layout_key,
                                         run_cli, train, write_config)
-from benchmarks.regret_paired import rotated  # noqa: E402
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from dlrm_scale.tools.runs import load_run  # noqa: E402
-from planner.errors import ConfigError  # noqa: E402
+from benchmarks.regret_paired import rotated
+from dlrm_scale.run_config import load_problem
+from dlrm_scale.tools.runs import load_run
+from planner.errors import ConfigError
+from benchmarks.common import write_result
 
 RESAMPLES = 4000
 SUMMARY = ("rounds", "fastest", "median_step_ms", "over_fastest", "over_fastest_interval_90", "over_ours_median_of_rounds")
@@ -80,7 +78,7 @@ def write(out: Path, args: argparse.Namespace, layouts: dict[str, str], steps: d
     doc = {"mix": args.mix, "rounds": rounds, "rounds_asked": args.rounds, "steps": args.steps, "hardware": args.hardware,
            "layouts": layouts, "steps_ms": steps, **regret(steps, layouts),
            "phase_ms_median_per_rank": {label: phase_medians(p) for label, p in phases.items()}}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(out, doc)
     return doc
 
 
@@ -136,7 +134,7 @@ def main() -> int:
         if args.out is None:
             ap.error("--pool needs --out")
         doc = pooled(args.pool)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_result(args.out, doc)
         print(json.dumps({k: doc[k] for k in SUMMARY}, indent=1))
         return 0
     for name, value in training.items():

@@ -26,8 +26,8 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
   timed steps, the median over rounds and jobs) beside `simulate`'s prediction: where, within
   one job, one plan's step is longer than another's.
 
-    python benchmarks/regret_paired.py [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--hardware YAML] [--out JSON]
-    python benchmarks/regret_paired.py --pool A.json B.json [...] --out JSON   # trains nothing
+    python -m benchmarks.regret_paired [--mixes 1,3,5,7,9,11] [--jobs 3] [--blocks 12] [--block-steps 8] [--hardware YAML] [--out JSON]
+    python -m benchmarks.regret_paired --pool A.json B.json [...] --out JSON   # trains nothing
 
 `--pool` scores the jobs of earlier runs together, mix by mix (the mixes every file holds), as
 if one run had made them all: each file's plans must be the same (their layouts are compared).
@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -51,11 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, shown_path, write_config  # noqa: E402
+from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, shown_path, write_config
+from benchmarks.common import ROOT, write_result
 
 FITTED = RESULTS / "costmodel_fitted.yaml"
 HELD_OUT = (1, 3, 5, 7, 9, 11)
@@ -199,7 +196,7 @@ def print_phases(results: dict) -> None:
 
 
 def run_job(config: Path, labels: tuple[str, ...], rotate: int, args, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), str(Path(__file__).resolve()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "-m", "benchmarks.regret_paired",
            "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--warmup", str(args.warmup),
            "--worker", str(config), ",".join(labels), str(rotate), str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -257,9 +254,9 @@ def main() -> int:
                                           "phases": phase_summary(jobs), "jobs": jobs, "seconds": time.monotonic() - start}
             print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
-    doc = {"machine": platform.processor() or platform.machine(), "jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
+    doc = {"jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
            "warmup": args.warmup, "hardware": shown_path(args.hardware), "mixes": results}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(args.out, doc)
     print_table(results)
     print_phases(results)
     return 0
@@ -291,7 +288,7 @@ def pool(paths: list[Path], out: Path) -> int:
                 return 2
         results[m] = {**regret([[job["steps_ms"] for job in g] for g in groups], rng),
                       "phases": phase_summary(groups), "jobs_pooled": len(groups[0])}
-    out.write_text(json.dumps({"pooled": [str(p) for p in paths], "mixes": results}, indent=1) + "\n")
+    write_result(out, {"pooled": [str(p) for p in paths], "mixes": results})
     print_table(results)
     print_phases(results)
     return 0

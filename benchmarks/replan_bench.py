@@ -3,28 +3,22 @@
 128). Reports the front of (bytes moved, busiest rank) from `planner.replan.replan`, and the
 point a budget of 10% of the model's bytes reaches, against the unconstrained plan.
 
-    .venv/bin/python benchmarks/replan_bench.py
+    python -m benchmarks.replan_bench
 """
 
 from __future__ import annotations
 
-import json
-import platform
-import sys
+import argparse
 import time
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from dlrm_scale.run_config import load_problem
+from planner.planning import make_plan
+from planner.replan import replan
+from planner.specs import GIB, TableSpec
+from benchmarks.common import RESULTS, write_result
 
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.replan import replan  # noqa: E402
-from planner.specs import GIB  # noqa: E402
-from planner.specs import TableSpec  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "replan.json"
+RESULT = RESULTS / "replan.json"
 CONFIG = "configs/criteo_terabyte.yaml"
 
 
@@ -46,15 +40,15 @@ def case(name: str, problem, old) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     p16 = load_problem(CONFIG, cluster_overrides={"world_size": 16})
     old = make_plan(p16)
     extra = tuple(TableSpec(f"new_{i}", 1_000_000 * (i + 1), 128, 1.0) for i in range(20))
-    out = {"machine": f"{platform.processor() or platform.machine()}, {platform.system()} {platform.release()}",
-           "config": CONFIG, "old_plan": {"world_size": 16, "max_rank_ms": old.max_rank_ms},
+    out = {"config": CONFIG, "old_plan": {"world_size": 16, "max_rank_ms": old.max_rank_ms},
            "16_to_24_ranks": case("16 -> 24 ranks", load_problem(CONFIG, cluster_overrides={"world_size": 24}), old),
            "plus_20_tables": case("+20 tables", replace(p16, tables=p16.tables + extra), old)}
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    write_result(RESULT, out)
+    print(f"wrote {RESULT}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ and how long 100-table problems take against TorchRec's planner.
 - time: synthetic_100x8 of the planner benchmark, our planner (its own cost model, the
   default) and TorchRec's EmbeddingShardingPlanner, runs alternated, 3 repeats, medians.
 
-    python benchmarks/search_bench.py [--repeats 3]
+    python -m benchmarks.search_bench [--repeats 3]
 
 Writes benchmarks/results/search.json and prints Markdown tables for the README.
 """
@@ -20,21 +20,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from planner_bench import run_torchrec_planner  # noqa: E402
-from workloads import held_out, workload  # noqa: E402
+from benchmarks.planner_bench import run_torchrec_planner
+from benchmarks.workloads import held_out, workload
 
-from planner.planning import make_plan  # noqa: E402
-from planner.solver import SolverConfig  # noqa: E402
+from planner.planning import make_plan
+from planner.solver import SolverConfig
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "search.json"
 HELD_OUT = [  # (name, kind, ranks, seed, run TorchRec's planner too)
@@ -107,8 +102,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     times = timing(args.repeats, args.time_limit)
     print(json.dumps(times), flush=True)
-    Path(args.out).write_text(json.dumps({"machine": platform.processor() or platform.machine(), "solver_time_limit_s": args.time_limit,
-                                          "held_out": rows, "timing": times}, indent=1) + "\n")
+    write_result(args.out, {"solver_time_limit_s": args.time_limit, "held_out": rows, "timing": times})
     print("| workload | tables x ranks | ours vs proven bound | TorchRec vs our proven bound | ours' step vs bound | TorchRec's step vs bound "
           "| ours plan s | TorchRec plan s |")
     print("|---|---|---|---|---|---|---|---|")

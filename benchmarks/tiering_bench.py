@@ -17,7 +17,7 @@
 3. exactness: 2 ranks, a cached SSD table and a cached DDR table, rows and optimizer state
    after N steps against the same tables trained in memory (dlrm_scale.training.state).
 
-    python benchmarks/tiering_bench.py [--repeats 3] [--steps 200] [--parts curves,speed,direct,exact] [--variants 4x,10x_lfu]
+    python -m benchmarks.tiering_bench [--repeats 3] [--steps 200] [--parts curves,speed,direct,exact] [--variants 4x,10x_lfu]
                                        [--store-io pread|mapped]
 
 Writes benchmarks/results/tiering.json and prints Markdown tables for the README.
@@ -39,13 +39,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.tiering.cache import SetAssociativeCache  # noqa: E402
-from planner.access_stats import trace_access, zipf_access  # noqa: E402
-from planner.cost_model import cache_index_bytes, rows_bytes  # noqa: E402
-from planner.plan import Plan  # noqa: E402
+from dlrm_scale.tiering.cache import SetAssociativeCache
+from planner.access_stats import trace_access, zipf_access
+from planner.cost_model import cache_index_bytes, rows_bytes
+from planner.plan import Plan
+from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "tiering.json"
 CONFIG = "configs/bench_tiered.yaml"
@@ -368,7 +367,7 @@ def main() -> int:
     if "exact" in parts:
         results["exactness"] = exactness(40)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    write_result(Path(args.out), results)
     if "curves" in results:
         print("| Zipf | max error, profile vs replay (points) | max error, Zipf formulas vs steady replay (points) |\n|---|---|---|")
         for e, c in results["curves"]["by_exponent"].items():

@@ -11,8 +11,8 @@ Then, on the embedding-bound model, our plan with fp16/bf16 and int8 comms: byte
 rank sent per step in the embedding collectives (measured) against fp32's, and AUC after
 the same number of steps.
 
-    python benchmarks/train_bench.py [--repeats 3] [--steps 200] [--parts models,precision]
-    python benchmarks/train_bench.py --hardware h100_dgx --nproc 1 --parts models --out OUT.json   # on GPUs
+    python -m benchmarks.train_bench [--repeats 3] [--steps 200] [--parts models,precision]
+    python -m benchmarks.train_bench --hardware h100_dgx --nproc 1 --parts models --out OUT.json   # on GPUs
 
 With --hardware and --nproc the configs are trained on that profile's device (CUDA: NCCL, FBGEMM's
 GPU kernels; the anchor takes the GPUs wherever there are GPUs) with that many ranks.
@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from benchmarks.common import ROOT, write_result
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 MODELS = {"embedding_bound": "configs/bench_embedding_bound.yaml", "kaggle_shaped": "configs/bench_kaggle_shaped.yaml"}
 
@@ -98,18 +97,6 @@ def _run_anchor(config: str, steps: int, seed: int, nproc: int) -> dict:
     return {"samples_per_s": statistics.median(doc["samples_per_s"][1:]), "schemes": doc["schemes"]}
 
 
-def machine() -> str:
-    """CPU model, kernel and THP mode: the speed figures are facts of this machine."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n") \
-        if shutil.which("nvidia-smi") else []
-    gpus = [g for g in gpus if g.strip()]
-    return (f"{cpu}, {os.cpu_count()} cores, Linux {os.uname().release}, THP {thp.read_text().strip() if thp.exists() else 'n/a'}"
-            + (f", {len(gpus)}x {gpus[0]}" if gpus else ""))
-
-
 def on_device(config: str, hardware: str, nproc: int, folder: Path) -> str:
     """`config` on the profile `hardware` with `nproc` ranks, written into `folder` (JSON is YAML)."""
     import yaml
@@ -148,7 +135,7 @@ def bench(args: argparse.Namespace, scratch: Path) -> int:
         models = {m: on_device(c, args.hardware or "cpu_gloo", args.nproc, scratch) for m, c in MODELS.items()}
     parts = set(args.parts.split(","))
     results = json.loads(Path(args.out).read_text()) if Path(args.out).exists() and parts != {"models", "precision"} else {}
-    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds, machine=machine(), ranks=args.nproc,
+    results.update(steps=args.steps, repeats=args.repeats, seeds=args.seeds, ranks=args.nproc,
                    hardware=args.hardware or "as the configs give")
     results.setdefault("models", {})
     results.setdefault("comm_precision", {})
@@ -185,7 +172,7 @@ def bench(args: argparse.Namespace, scratch: Path) -> int:
         }
         print(precision, json.dumps(results["comm_precision"][precision]), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    write_result(Path(args.out), results)
     print("| model | ours samples/s (min-max) | TorchRec recipe samples/s (min-max) | ratio of medians | per pair |\n|---|---|---|---|---|")
     for model, m in results["models"].items():
         print(f"| {model} | {m['ours_samples_per_s']:,.0f} ({m['ours_spread'][0]:,.0f}-{m['ours_spread'][1]:,.0f}) | "

@@ -1,7 +1,7 @@
 """The trainer of two checkouts on this machine, alternated: did a change move its speed?
 
     git worktree add /tmp/before BASE_COMMIT
-    python benchmarks/trees_ab.py /tmp/before . [--pairs 5] [--steps 200]
+    python -m benchmarks.trees_ab /tmp/before . [--pairs 5] [--steps 200]
 
 Runs `dlrm_scale.train` of each tree on its defaults (PYTHONPATH and working directory set to
 the tree), before/after/before/..., on the training benchmark's two models, and reports each
@@ -25,8 +25,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from benchmarks.common import ROOT, write_result
 
-ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"embedding_bound": "configs/bench_embedding_bound.yaml", "kaggle_shaped": "configs/bench_kaggle_shaped.yaml"}
 
 
@@ -64,7 +64,7 @@ def main() -> int:
                           "pairs": [round(a / b, 3) for a, b in zip(rates["after"], rates["before"])], "runs": runs}
         print(f"{model}: after/before {results[model]['after_over_before']:.3f}, pairs {results[model]['pairs']}", flush=True)
     doc = {"before": str(trees["before"]), "after": str(trees["after"]), "steps": args.steps, "results": results}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_result(Path(args.out), doc)
     return 0
 
 

@@ -7,28 +7,27 @@ The model: 8 tables of 10^9 rows and 400 more with log-normal rows (median 2M, c
 1.3 trillion parameters, too large for HBM below a few hundred ranks: there the planner keeps
 the largest tables' rows in DDR or on SSD behind HBM caches, and says how many.
 
-    python benchmarks/whatif_bench.py
+    python -m benchmarks.whatif_bench
 
 Writes benchmarks/results/whatif.json and prints a Markdown table.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from dlrm_scale.run_config import load_problem  # noqa: E402
-from planner.errors import InfeasiblePlanError  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
-from planner.solver import SolverConfig  # noqa: E402
-from planner.specs import PlanningProblem, TableSpec, TrainingSpec  # noqa: E402
+from dlrm_scale.run_config import load_problem
+from planner.errors import InfeasiblePlanError
+from planner.planning import make_plan
+from planner.solver import SolverConfig
+from planner.specs import PlanningProblem, TableSpec, TrainingSpec
+from benchmarks.common import ROOT, write_result
 
 GLOBAL_BATCH = 65_536
 WORLD_SIZES = (8, 64, 128, 256, 512, 1024)
@@ -47,6 +46,7 @@ def trillion_tables(seed: int = 0) -> list[TableSpec]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     tables = trillion_tables()
     params = sum(t.num_parameters for t in tables)
     rows = []
@@ -74,7 +74,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row)[:400], flush=True)
     out = ROOT / "benchmarks" / "results" / "whatif.json"
-    out.write_text(json.dumps({"parameters": params, "global_batch": GLOBAL_BATCH, "results": rows}, indent=1) + "\n")
+    write_result(out, {"parameters": params, "global_batch": GLOBAL_BATCH, "results": rows})
     print(f"model: {len(tables)} tables, {params / 1e12:.2f} trillion parameters, global batch {GLOBAL_BATCH}")
     print("| ranks | comms | busiest rank ms | of which comms | max HBM GiB/rank | cached tables (DDR / SSD) | embedding-bound samples/s | plan s |\n|---|---|---|---|---|---|---|---|")
     for r in rows:

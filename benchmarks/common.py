@@ -1,0 +1,48 @@
+"""What every benchmark shares: where results go and what each result file says of itself."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def machine() -> str:
+    """CPU model, kernel and THP mode: the speed figures are facts of this machine."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n") \
+        if shutil.which("nvidia-smi") else []
+    gpus = [g for g in gpus if g.strip()]
+    return (f"{cpu}, {os.cpu_count()} cores, Linux {os.uname().release}, THP {thp.read_text().strip() if thp.exists() else 'n/a'}"
+            + (f", {len(gpus)}x {gpus[0]}" if gpus else ""))
+
+
+def commit() -> str:
+    """The checkout's commit, marked when its tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def provenance() -> dict[str, str]:
+    """The command that reproduces a result, the machine, the date and the commit."""
+    module = Path(sys.argv[0]).with_suffix("").name
+    return {"command": " ".join(["python -m benchmarks." + module, *sys.argv[1:]]), "machine": machine(),
+            "date": datetime.date.today().isoformat(), "commit": commit()}
+
+
+def write_result(path: str | Path, doc: dict[str, Any]) -> None:
+    """A benchmark's result file, its provenance first."""
+    Path(path).write_text(json.dumps({"provenance": provenance(), **doc}, indent=1) + "\n")
