@@ -9,7 +9,7 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
 1. The fit half trains once per plan, priced by the calibrated profile (--hardware, default
    configs/hardware/cpu_gloo.yaml, from `dlrm-scale calibrate`).
 2. `calibrate --from-runs` refits that profile to the fit half's runs
-   (benchmarks/results/costmodel_fitted.yaml).
+   (configs/hardware/cpu_NAME.yaml, a named profile).
 3. The held-out half trains --repeats times per plan (each repeat round all its mixes, plans
    alternated within a mix), "ours" planned with the refitted profile; each run's measured step (median over logging windows after the first)
    and phases are compared with `simulate`'s prediction, under both profiles.
@@ -19,9 +19,9 @@ rows), split into a fit half and a held-out half. Every mix is trained as 2-rank
     python -m benchmarks.costmodel_bench [--steps 60] [--repeats 3] [--runs DIR]
     python -m benchmarks.costmodel_bench --runs DIR --rescore   # the kept runs scored again, trains nothing
 
-Writes benchmarks/results/costmodel.json, costmodel_fitted.yaml, costmodel.png (scatter) and
-costmodel_regret.png; with --name NAME, costmodel_NAME.* instead (a profile belongs to the
-machine it was measured on, so another machine's results sit beside these, not over them).
+Writes benchmarks/results/costmodel_NAME.json, costmodel_NAME.png (scatter) and
+costmodel_NAME_regret.png, and the refitted profile as configs/hardware/cpu_NAME.yaml (a profile
+belongs to the machine it was measured on: NAME names the machine).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 
 from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values
 from dlrm_scale.tools.runs import load_run
-from planner.config import hardware_path
+from planner.config import HARDWARE_DIR, hardware_path
 from planner.errors import ConfigError
 from planner.plan import Plan, table_layout, uniform_plan
 from planner.planning import make_plan
@@ -313,12 +313,12 @@ def main() -> int:
     ap.add_argument("--rescore", action="store_true",
                     help="train nothing: refit and score the runs kept in --runs with the cost model as it is now "
                          "(the regrets stay those of the plans the runs trained)")
-    ap.add_argument("--name", help="results as costmodel_NAME.json, costmodel_NAME_fitted.yaml, ... (another machine's)")
+    ap.add_argument("--name", required=True, help="the machine: results as costmodel_NAME.json, the profile as cpu_NAME")
     args = ap.parse_args()
-    if args.name is not None and not args.name.replace("_", "").isalnum():
+    if not args.name.replace("_", "").isalnum():
         print(f"error: --name must be letters, digits and underscores, got {args.name!r}", file=sys.stderr)
         return 2
-    stem = f"costmodel_{args.name}" if args.name else "costmodel"
+    stem = f"costmodel_{args.name}"
     if args.steps < 30 or args.repeats < 1 or not 2 <= args.mixes <= len(TABLE_COUNTS):
         print(f"error: --steps must be >= 30 (3 windows), --repeats >= 1, --mixes in 2..{len(TABLE_COUNTS)}", file=sys.stderr)
         return 2
@@ -329,7 +329,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = args.runs or Path(tmp)
         runs.mkdir(parents=True, exist_ok=True)
-        fitted_profile = RESULTS / f"{stem}_fitted.yaml"
+        fitted_profile = HARDWARE_DIR / f"cpu_{args.name}.yaml"
         fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
         # here, not above: costmodel_gpu.py imports this module on a GPU machine that lacks calibrate.py's tools
         from dlrm_scale.tools.calibrate import refit_from_runs

@@ -12,7 +12,7 @@ A lent GPU comes for minutes, one of them, so this is the first look, not costmo
     # here, on what came back (a call returns at most 8 files: the runs come back as one archive):
     tar xzf runs.tar.gz -C DIR && python -m benchmarks.costmodel_gpu --runs DIR/runs [--name h200]
 
-Scoring writes benchmarks/results/costmodel_NAME.json and costmodel_NAME_fitted.yaml.
+Scoring writes benchmarks/results/costmodel_gpu_NAME.json and the profile configs/hardware/gpu_NAME.yaml.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from benchmarks.costmodel_bench import (TABLE_COUNTS, accuracy, generate_mix, la
 from dlrm_scale.run_config import load_problem
 from dlrm_scale.tools.fit import compare, profile_values
 from dlrm_scale.tools.runs import load_run
-from planner.config import hardware_path
+from planner.config import HARDWARE_DIR, hardware_path
 from planner.errors import ConfigError
 from planner.plan import Plan, table_layout
 from planner.types import ShardingType
@@ -127,7 +127,7 @@ def score(runs: Path, hardware: str, name: str) -> dict:
         raise ConfigError(f"{runs}: no finished runs in it; give the folder `--train --runs` filled")
     fit_dirs = [d for d in dirs if mix_index(d) % 2 == 0]
     held_dirs = [d for d in dirs if d not in fit_dirs]
-    fitted_profile = RESULTS / f"costmodel_{name}_fitted.yaml"
+    fitted_profile = HARDWARE_DIR / f"gpu_{name}.yaml"
     _, fit = refit_from_runs(fit_dirs, hardware, fitted_profile)
     datasheet = profile_values(load_run(dirs[0], hardware).run.problem.cluster)
     held = [describe(load_run(d, hardware), fit.values, datasheet) for d in held_dirs]
@@ -161,7 +161,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=120, help="steps a run (6 logging windows, the first not measured)")
     ap.add_argument("--archive", type=Path, help="with --train: keep the runs also as this .tar.gz, rewritten after each")
     ap.add_argument("--budget-s", type=float, default=380, help="with --train: start no run past this many seconds")
-    ap.add_argument("--name", default="h200", help="results as costmodel_NAME.json and costmodel_NAME_fitted.yaml")
+    ap.add_argument("--name", default="h200", help="results as costmodel_gpu_NAME.json and the profile gpu_NAME")
     args = ap.parse_args()
     if args.steps < 36 or not args.name.replace("_", "").isalnum():
         print("error: --steps must be >= 36 (6 windows of 6), --name letters, digits and underscores", file=sys.stderr)

@@ -12,7 +12,7 @@ well those sums follow a rank's measured time. Here, on this machine:
   calls (`TIMED` after `WARMUP`, cycling `DATA_STEPS` steps drawn beforehand, once per mix);
 - the model's form refitted to the groups (least squares on relative error, one constant per
   term), scored on each mix with the fit of all the others, beside the profile's own
-  prediction (benchmarks/results/costmodel_fitted.yaml, the planner's);
+  prediction (the cpu_epyc_zen4 profile, the planner's);
 - plans: for each of `--plans`' mixes, the ranks of its all-table-wise plans (ours, TorchRec's
   planner's, all table-wise) timed the same way, rounds alternated, beside the prediction.
 
@@ -35,7 +35,7 @@ from benchmarks.costmodel_bench import BATCH_SIZE_PER_RANK, RESULTS, TABLE_COUNT
 from benchmarks.regret_paired import rotated
 from benchmarks.common import write_result
 
-FITTED = RESULTS / "costmodel_fitted.yaml"
+FITTED = "cpu_epyc_zen4"
 WARMUP, TIMED, DATA_STEPS = 16, 24, 8
 PLANS = ("ours", "torchrec", "table_wise")
 

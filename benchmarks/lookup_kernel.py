@@ -16,7 +16,7 @@
    rank, not one a table as the grid does), for the plans without replicas, row blocks or
    caches (their lookup phases hold other work).
 
-    python -m benchmarks.lookup_kernel --hardware benchmarks/results/costmodel_intel207_fitted.yaml --runs DIR --out benchmarks/results/lookup_kernel_intel207.json
+    python -m benchmarks.lookup_kernel --hardware cpu_xeon_m207 --runs DIR --out benchmarks/results/lookup_kernel_xeon_m207.json
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def ranks(runs: list, constants: dict[str, float]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hardware", default=str(ROOT / "benchmarks/results/costmodel_intel207_fitted.yaml"))
+    ap.add_argument("--hardware", default="cpu_xeon_m207")
     ap.add_argument("--runs", type=Path, help="a costmodel_bench.py --runs folder: its runs' ranks compared")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/lookup_kernel.json")

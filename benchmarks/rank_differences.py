@@ -12,7 +12,7 @@ here, for every table-wise plan of those runs (each mix's distinct plans once):
 
     python -m benchmarks.rank_differences RUN.json [RUN.json ...] [--out JSON]
 
-The plans are made again (ours with benchmarks/results/costmodel_fitted.yaml, as regret_paired
+The plans are made again (ours with the cpu_epyc_zen4 profile, as regret_paired
 makes them) and must be those the runs trained (their layouts are compared).
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config
 from benchmarks.common import write_result
 
-FITTED = RESULTS / "costmodel_fitted.yaml"
+FITTED = "cpu_epyc_zen4"
 QUANTITIES = ("ids", "distinct_rows", "distinct_bytes", "id_weights", "tables")
 MIN_PHASE_MS = 2.0  # ranks under this are mostly launch costs and timer noise
 

@@ -16,7 +16,7 @@ so a slow spell of the machine falls on neighbouring jobs of every plan:
     python -m benchmarks.regret_jobs --pool A.json B.json --out POOLED.json   # trains nothing
 
 Needs the held-out profile costmodel_bench.py fitted (--hardware, default
-benchmarks/results/costmodel_intel_fitted.yaml: ours is planned with it, as in that
+the cpu_xeon_m167 profile: ours is planned with it, as in that
 benchmark). Writes --out (default benchmarks/results/regret_jobs_mixN.json) after every round.
 --pool puts the rounds of earlier runs of one mix together (the labels they all ran, each
 label's plan the same in every run) and scores them as one run.
@@ -118,7 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # the training options' defaults, applied after parsing: --pool trains nothing and refuses them
     training = {"mix": 7, "plans": "ours,torchrec,table_wise", "rounds": 20, "steps": 120,
-                "hardware": str(RESULTS / "costmodel_intel_fitted.yaml")}
+                "hardware": "cpu_xeon_m167"}
     ap.add_argument("--mix", type=int, help=f"default {training['mix']}")
     ap.add_argument("--plans", help=f"labels among {', '.join(PLANS)}; ours is needed (default {training['plans']})")
     ap.add_argument("--rounds", type=int, help=f"default {training['rounds']}")

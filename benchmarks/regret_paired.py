@@ -32,7 +32,7 @@ falls on all of them alike and their ratio is measured to a fraction of that spr
 `--pool` scores the jobs of earlier runs together, mix by mix (the mixes every file holds), as
 if one run had made them all: each file's plans must be the same (their layouts are compared).
 
-Needs benchmarks/results/costmodel_fitted.yaml (costmodel_bench.py writes it). Writes --out
+Plans ours with --hardware (default the cpu_epyc_zen4 profile, costmodel_bench's refit there). Writes --out
 (default benchmarks/results/regret_paired.json) and prints a Markdown table for the README.
 """
 
@@ -51,10 +51,12 @@ from pathlib import Path
 import numpy as np
 
 
-from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, shown_path, write_config
+from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config
 from benchmarks.common import ROOT, write_result
+from planner.config import hardware_path
+from planner.errors import ConfigError
 
-FITTED = RESULTS / "costmodel_fitted.yaml"
+FITTED = "cpu_epyc_zen4"
 HELD_OUT = (1, 3, 5, 7, 9, 11)
 GROUPS = (("ours", "torchrec", "table_wise"), ("ours", "column_wise", "row_wise", "mostly_data_parallel"))
 RESAMPLES = 4000
@@ -213,7 +215,7 @@ def main() -> int:
     ap.add_argument("--block-steps", type=int, default=8, help="steps per block (its first left out)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per plan before the rounds")
     ap.add_argument("--out", type=Path, default=RESULTS / "regret_paired.json")
-    ap.add_argument("--hardware", type=Path, default=FITTED,
+    ap.add_argument("--hardware", default=FITTED,
                     help="the profile ours is planned with (default: the cost-model benchmark's refit; on another machine, "
                          "a refit made there: profiles are per machine)")
     ap.add_argument("--pool", nargs="+", type=Path, metavar="JSON", help="score earlier runs' jobs together; trains nothing")
@@ -237,8 +239,10 @@ def main() -> int:
         print("error: --mixes takes indices 0-11 (comma-separated), --jobs >= 1, --blocks >= 3, --block-steps >= 2, --warmup >= 0",
               file=sys.stderr)
         return 2
-    if not args.hardware.is_file():
-        print(f"error: --hardware {args.hardware} is missing; run benchmarks/costmodel_bench.py first, or give a profile", file=sys.stderr)
+    try:
+        hardware_path(args.hardware)
+    except ConfigError as e:
+        print(f"error: --hardware: {e}", file=sys.stderr)
         return 2
     rng = np.random.default_rng(0)
     results = {}
@@ -255,7 +259,7 @@ def main() -> int:
             print(f"mix{index}: fastest {r['fastest']}, ours {r['ours']:.3f} {r['ours_interval_90']}, "
                   f"torchrec {r['torchrec']:.3f} ({r['seconds']:.0f} s)", flush=True)
     doc = {"jobs": args.jobs, "blocks": args.blocks, "block_steps": args.block_steps,
-           "warmup": args.warmup, "hardware": shown_path(args.hardware), "mixes": results}
+           "warmup": args.warmup, "hardware": args.hardware, "mixes": results}
     write_result(args.out, doc)
     print_table(results)
     print_phases(results)

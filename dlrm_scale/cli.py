@@ -250,7 +250,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
-    p.add_argument("--out", required=True, help="profile to write, e.g. configs/hardware/mybox.yaml")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--name", help="write the profile as NAME among the named ones ($DLRM_SCALE_HARDWARE_DIR, default "
+                       "~/.config/dlrm-scale/hardware), so that --hardware NAME finds it")
+    where.add_argument("--out", help="profile to write at this path, e.g. mybox.yaml")
     p.add_argument("--nproc", type=int, default=2, help="ranks per node to measure collectives with")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
@@ -260,9 +263,27 @@ def add_calibrate_parser(sub) -> None:
                    help="only measure which CPU kernels are faster here and record them in the existing profile --out")
 
 
+def named_profile_path(name: str) -> str:
+    """Where `calibrate --name NAME` writes: the user's profile folder, made if missing."""
+    from planner.config import HARDWARE_DIR, user_hardware_dir
+
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"calibrate --name {name!r}: use letters, digits, '-' and '_' only")
+    if (HARDWARE_DIR / f"{name}.yaml").is_file():
+        raise ConfigError(f"calibrate --name {name}: a profile of that name comes with dlrm-scale; choose another name")
+    folder = user_hardware_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"calibrate --name: cannot create {folder} ({e.strerror}); set DLRM_SCALE_HARDWARE_DIR or use --out") from None
+    return str(folder / f"{name}.yaml")
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     from dlrm_scale.tools.calibrate import CalibrationConfig, calibrate, calibrate_kernels
 
+    if args.name is not None:
+        args.out = named_profile_path(args.name)
     check_output_file("--out", args.out)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")

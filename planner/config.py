@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
@@ -23,7 +24,9 @@ from planner.constraints import constrain
 from planner.specs import GIB, MAX_COUNT, check_keys, short_repr, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-HARDWARE_DIR = CONFIG_DIR / "hardware"
+HARDWARE_DIR = CONFIG_DIR / "hardware"  # the named profiles that come with dlrm-scale
+# Where `dlrm-scale calibrate --name NAME` writes a machine's own profile; searched after HARDWARE_DIR.
+USER_HARDWARE_ENV = "DLRM_SCALE_HARDWARE_DIR"
 DEFAULT_HARDWARE = "a100_zionex"
 
 PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering", "constraints")
@@ -164,15 +167,24 @@ def read_yaml(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def user_hardware_dir() -> Path:
+    """The folder of profiles calibrated on the user's machines: $DLRM_SCALE_HARDWARE_DIR, else
+    ~/.config/dlrm-scale/hardware."""
+    return Path(os.environ.get(USER_HARDWARE_ENV) or Path.home() / ".config" / "dlrm-scale" / "hardware")
+
+
 def hardware_path(name_or_path: str) -> Path:
+    """A profile by name (the shipped ones first, then the user's) or a .yaml path."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         return path
-    candidate = HARDWARE_DIR / f"{name_or_path}.yaml"
-    if not candidate.exists():
-        known = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown hardware profile '{name_or_path}'; use one of {', '.join(known)} or a .yaml path")
-    return candidate
+    folders = (HARDWARE_DIR, user_hardware_dir())
+    found = next((f / f"{name_or_path}.yaml" for f in folders if (f / f"{name_or_path}.yaml").is_file()), None)
+    if found is None:
+        known = sorted({p.stem for f in folders if f.is_dir() for p in f.glob("*.yaml")})
+        raise ConfigError(f"unknown hardware profile '{name_or_path}'; use one of {', '.join(known)} or a .yaml path "
+                          f"('dlrm-scale calibrate --name NAME' measures this machine into one)")
+    return found
 
 
 def cluster_fields(section: dict[str, Any], where: str) -> dict[str, Any]:

@@ -3,6 +3,15 @@ import pytest
 from planner.specs import GIB, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_user_profiles(tmp_path_factory):
+    """The user's own profile folder stays out of the tests: each sees the shipped profiles only."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DLRM_SCALE_HARDWARE_DIR", str(tmp_path_factory.mktemp("user_profiles")))
+    yield
+    mp.undo()
+
+
 def make_cluster(num_nodes=1, ranks_per_node=4, hbm_gib=40.0, **kw) -> ClusterSpec:
     values = dict(
         num_nodes=num_nodes,

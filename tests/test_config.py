@@ -110,3 +110,17 @@ def test_the_planner_alone_reads_only_its_own_sections():
     with pytest.raises(ConfigError, match="unknown key 'model'"):
         planner_load_problem("configs/tiny.yaml")
     assert planner_load_problem("configs/tiny.yaml", other_sections=("model", "train")).cluster.world_size == 2
+
+
+def test_named_profiles_are_found_among_the_shipped_ones_then_the_users(tmp_path, monkeypatch):
+    from planner.config import HARDWARE_DIR, hardware_path
+
+    monkeypatch.setenv("DLRM_SCALE_HARDWARE_DIR", str(tmp_path))
+    (tmp_path / "mybox.yaml").write_text((HARDWARE_DIR / "cpu_gloo.yaml").read_text())
+    (tmp_path / "cpu_gloo.yaml").write_text("name: a user's copy\n")
+    assert hardware_path("mybox") == tmp_path / "mybox.yaml"
+    assert hardware_path("cpu_gloo") == HARDWARE_DIR / "cpu_gloo.yaml"  # the shipped one wins
+    for fitted in ("cpu_xeon_m207", "cpu_xeon_m167", "cpu_epyc_zen4"):
+        assert "measured_on:" in hardware_path(fitted).read_text()
+    with pytest.raises(ConfigError, match=r"unknown hardware profile 'nobox'; use one of .*cpu_xeon_m207.*mybox"):
+        hardware_path("nobox")
