@@ -40,7 +40,9 @@ from pathlib import Path
 import numpy as np
 
 
-from dlrm_scale.tools.fit import COLLECTIVE_GROUPS, FLOOR_OF_STEP, compare, profile_values
+from dlrm_scale.run_record import COLLECTIVE_GROUPS
+from dlrm_scale.tools.fit import FLOOR_OF_STEP, compare, profile_values
+from dlrm_scale.tools.refit import refit_from_runs
 from dlrm_scale.tools.runs import load_run
 from planner.config import HARDWARE_DIR, hardware_path
 from planner.errors import ConfigError
@@ -331,9 +333,6 @@ def main() -> int:
         runs.mkdir(parents=True, exist_ok=True)
         fitted_profile = HARDWARE_DIR / f"cpu_{args.name}.yaml"
         fit_dirs = run_mixes(list(range(0, args.mixes, 2)), args.hardware, args.steps, 1, runs, log, not args.rescore)
-        # here, not above: costmodel_gpu.py imports this module on a GPU machine that lacks calibrate.py's tools
-        from dlrm_scale.tools.calibrate import refit_from_runs
-
         _, fit = refit_from_runs(fit_dirs, args.hardware, fitted_profile)
         print(f"refitted on {fit.runs} runs: {fit.residuals}", flush=True)
         held_dirs = run_mixes(list(range(1, args.mixes, 2)), str(fitted_profile), args.steps, args.repeats, runs, log, not args.rescore)

@@ -115,7 +115,7 @@ def describe(run, fitted_values: dict, datasheet_values: dict) -> dict:
 
 
 def score(runs: Path, hardware: str, name: str) -> dict:
-    from dlrm_scale.tools.calibrate import refit_from_runs  # not on the GPU machine: the runs are scored here
+    from dlrm_scale.tools.refit import refit_from_runs
 
     if not runs.is_dir():
         raise ConfigError(f"{runs}: no such folder; give --runs the folder `--train --runs` filled")

@@ -172,7 +172,7 @@ def regret(groups: list[list[dict[str, list[list[float]]]]], rng: np.random.Gene
 def phase_summary(groups: list[list[dict]]) -> dict:
     """Each plan's time per phase group (as `simulate` groups the timers), per rank: the median
     over its jobs' rounds, beside the prediction; jobs that predate the phase timers are left out."""
-    from dlrm_scale.tools.simulate import PHASE_GROUPS
+    from dlrm_scale.run_record import PHASE_GROUPS
 
     out = {}
     for jobs in groups:
@@ -188,7 +188,7 @@ def phase_summary(groups: list[list[dict]]) -> dict:
 
 
 def print_phases(results: dict) -> None:
-    from dlrm_scale.tools.simulate import PHASE_GROUPS
+    from dlrm_scale.run_record import PHASE_GROUPS
 
     print("| mix | plan | rank | " + " | ".join(PHASE_GROUPS) + " |\n|---|---|---|" + "---|" * len(PHASE_GROUPS))
     for m, r in results.items():

@@ -16,16 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from dlrm_scale import quiet
+from dlrm_scale import options, quiet
 from dlrm_scale.run_config import Overrides, load_run_config
 from planner.errors import ConfigError, PlannerBugError, PlannerError
 from planner.plan import Plan
 from planner.planning import make_plan
 from planner.report import format_plan, plot_plan
 from planner.solver import SolverConfig
-from planner.specs import OPTIMIZER_STATE
-
-OPTIMIZERS = tuple(OPTIMIZER_STATE)
 
 
 def check_output_file(flag: str, path: str | None) -> None:
@@ -48,46 +45,22 @@ def check_output_file(flag: str, path: str | None) -> None:
 def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="shard embedding tables over a cluster and write a plan JSON")
     p.add_argument("config", nargs="?", help="YAML config (tables, cluster, training)")
-    p.add_argument("--tables", help="CSV: name,num_embeddings,embedding_dim,pooling_factor")
-    p.add_argument("--hardware", help="hardware profile name under configs/hardware, or a .yaml path")
-    p.add_argument("--world-size", type=int)
-    p.add_argument("--ranks-per-node", type=int)
-    p.add_argument("--hbm-gb", type=float, help="HBM per rank given to embeddings, GiB")
-    p.add_argument("--batch-size", type=int, help="per rank")
-    p.add_argument("--comm-precision", help="what the embedding collectives will send, e.g. fwd=fp16,bwd=bf16")
-    p.add_argument("--embedding-optimizer", choices=OPTIMIZERS, help="the embedding tables' optimizer (its state takes memory)")
-    p.add_argument("--device", choices=["cuda", "cpu"])
-    p.add_argument("--time-limit", type=float, default=10.0, help="solver time limit, seconds (default 10)")
-    p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
-    p.add_argument("--stats", help="stats.json from 'dlrm-scale profile': hit-rate curves for sizing caches")
-    p.add_argument("--out", required=True, help="plan JSON to write")
-    p.add_argument("--plot", help="PNG of per-rank cost and memory")
-    p.add_argument("--compare", choices=["torchrec"], help="also run TorchRec's planner and compare")
-    p.add_argument("--from", dest="from_plan", metavar="OLD.json",
-                   help="replan from the plan a model trains under, moving few bytes (prints the front of bytes moved against step time)")
-    p.add_argument("--max-move-gb", type=float, help="with --from: the most GiB of weights and optimizer state the new plan may move")
-
+    options.add_all(p, "--tables", "--hardware", "--world-size", "--ranks-per-node", "--hbm-gb", "--batch-size", "--comm-precision",
+                    "--embedding-optimizer", "--device", "--time-limit", "--cost-model", "--stats")
+    options.add(p, "--out", required=True, more="the plan JSON")
+    options.add_all(p, "--plot", "--compare", "--from", "--max-move-gb")
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", add_help=False, help="start torchrun with dlrm_scale.train (its flags follow the launcher's)")
     p.add_argument("-h", "--help", action="store_true")
-    p.add_argument("--nproc-per-node", type=int, default=2)
-    p.add_argument("--nnodes", default="1", help="torchrun --nnodes, e.g. 2 or 1:4 for elastic")
-    p.add_argument("--rdzv-endpoint", help="host:port of the rendezvous for multi-node jobs")
-    p.add_argument("--rdzv-id", default="dlrm-scale")
+    options.add_all(p, *LAUNCHER_FLAGS)
 
 
 def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="access statistics per table (pooling, distinct ids, LRU/LFU hit-rate curves)")
     p.add_argument("config", help="YAML config (tables, cluster, training)")
-    p.add_argument("--data", choices=["synthetic", "criteo"], default="synthetic")
-    p.add_argument("--data-path", help="Criteo: a TSV file or folder, or TorchRec's preprocessed .npy folder")
-    p.add_argument("--batches", type=int, default=200, help="global steps to read (default 200; half warm the caches)")
-    p.add_argument("--batch-size", type=int, help="per rank")
-    p.add_argument("--world-size", type=int)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="stats.json to write")
-
+    options.add_all(p, "--data", "--data-path", "--batches", "--batch-size", "--world-size", "--seed")
+    options.add(p, "--out", required=True, more="the stats.json")
 
 def run_profile(args: argparse.Namespace) -> int:
     from dlrm_scale.tools.profile import profile_access
@@ -100,7 +73,7 @@ def run_profile(args: argparse.Namespace) -> int:
     problem = run.problem
     start = time.perf_counter()
     stats = profile_access(problem, run.model.num_dense_features, args.batches,
-                           args.data_path if args.data == "criteo" else None, args.seed)
+                           args.data_path if args.data == "criteo" else None, run.train.seed)
     save_stats(stats, args.out, f"{args.data} data, {args.batches} steps of {problem.training.batch_size_per_rank * problem.cluster.world_size} samples")
     print(f"{'table':<20} {'ids/sample':>10} {'distinct':>10} {'uniq/step':>10} {'LRU@10%':>8} {'LFU@10%':>8}")
     for name, a in stats.items():
@@ -113,14 +86,8 @@ def run_profile(args: argparse.Namespace) -> int:
 def add_simulate_parser(sub) -> None:
     p = sub.add_parser("simulate", help="per-rank cost breakdown, step time and memory of a plan")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--config", help="the config the plan is for (tables, model, training); with --measured, the run's own")
-    p.add_argument("--hardware", help="hardware profile (default: the config's, or the one the measured run used)")
-    p.add_argument("--batch-size", type=int, help="per rank")
-    p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16")
-    p.add_argument("--measured", metavar="RUN_DIR", help="a finished run of this plan: predicted beside measured, per rank and phase")
-    p.add_argument("--stats", help="the stats.json the plan was made with ('plan --stats'): its caches' hit rates")
-    p.add_argument("--json", help="also write the simulation as JSON here")
-
+    options.add(p, "--config", more="the plan's (with --measured, the run's own)")
+    options.add_all(p, "--hardware", "--batch-size", "--comm-precision", "--measured", "--stats", "--json")
 
 def run_simulate(args: argparse.Namespace) -> int:
     import json
@@ -166,12 +133,8 @@ def simulate_measured(args: argparse.Namespace, plan: Plan) -> int:
 def add_explain_parser(sub) -> None:
     p = sub.add_parser("explain", help="why a plan is what it is: its busiest rank, and per table the best alternatives")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("--config", required=True, help="the config the plan is for")
-    p.add_argument("--table", help="explain this table only")
-    p.add_argument("--hardware", help="hardware profile (default: the config's)")
-    p.add_argument("--stats", help="the stats.json the plan was made with ('plan --stats'): its caches' hit rates")
-    p.add_argument("--cost-model", choices=["ours", "torchrec"], default="ours")
-
+    options.add(p, "--config", required=True, more="the plan's")
+    options.add_all(p, "--table", "--hardware", "--stats", "--cost-model")
 
 def run_for_plan(args: argparse.Namespace, plan: Plan):
     """The config's run on the plan's cluster shape (other flags as what-ifs), checked against
@@ -208,8 +171,7 @@ def add_diff_parser(sub) -> None:
     p = sub.add_parser("diff", help="what changes between two plans: layouts, bytes that move, predicted time")
     p.add_argument("before", help="plan JSON")
     p.add_argument("after", help="plan JSON")
-    p.add_argument("--config", help="re-cost both plans under this config's model (default: each plan's own prediction)")
-
+    options.add(p, "--config", more="re-cost both plans under this config's model (default: each plan's own prediction)")
 
 def run_diff(args: argparse.Namespace) -> int:
     from planner.diff import diff_plans
@@ -231,9 +193,8 @@ def run_diff(args: argparse.Namespace) -> int:
 def add_export_parser(sub) -> None:
     p = sub.add_parser("export", help="a checkpoint's model unsharded, for evaluation or serving in one process")
     p.add_argument("checkpoint", help="a step_* folder of a checkpoint directory")
-    p.add_argument("--config", required=True, help="the config the checkpoint was trained with")
-    p.add_argument("--out", required=True, help="file to write (torch.load(..., weights_only=True) reads it)")
-
+    options.add(p, "--config", required=True, more="the one the checkpoint was trained with")
+    options.add(p, "--out", required=True, more="torch.load(..., weights_only=True) reads it")
 
 def run_export(args: argparse.Namespace) -> int:
     from dlrm_scale.tools.export import export_checkpoint
@@ -251,17 +212,11 @@ def run_export(args: argparse.Namespace) -> int:
 def add_calibrate_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine and write a hardware profile")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--name", help="write the profile as NAME among the named ones ($DLRM_SCALE_HARDWARE_DIR, default "
-                       "~/.config/dlrm-scale/hardware), so that --hardware NAME finds it")
-    where.add_argument("--out", help="profile to write at this path, e.g. mybox.yaml")
-    p.add_argument("--nproc", type=int, default=2, help="ranks per node to measure collectives with")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    p.add_argument("--from-runs", nargs="+", metavar="RUN_DIR",
-                   help="refit the profile --hardware (default: the runs') to these finished runs' metrics.jsonl and plan.json")
-    p.add_argument("--hardware", help="with --from-runs: the profile to start from")
-    p.add_argument("--kernels-only", action="store_true",
-                   help="only measure which CPU kernels are faster here and record them in the existing profile --out")
-
+    options.add(where, "--name")
+    options.add(where, "--out", more="the profile, at this path")
+    options.add_all(p, "--nproc", "--quick", "--from-runs")
+    options.add(p, "--hardware", more="with --from-runs, the profile to start from")
+    options.add(p, "--kernels-only")
 
 def named_profile_path(name: str) -> str:
     """Where `calibrate --name NAME` writes: the user's profile folder, made if missing."""
@@ -280,8 +235,6 @@ def named_profile_path(name: str) -> str:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from dlrm_scale.tools.calibrate import CalibrationConfig, calibrate, calibrate_kernels
-
     if args.name is not None:
         args.out = named_profile_path(args.name)
     check_output_file("--out", args.out)
@@ -289,7 +242,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
 
     if args.from_runs:
-        from dlrm_scale.tools.calibrate import refit_from_runs
+        from dlrm_scale.tools.refit import refit_from_runs
         from dlrm_scale.tools.runs import load_run
 
         if args.kernels_only or args.quick:
@@ -301,6 +254,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return 0
     if args.hardware:
         raise ConfigError("calibrate: --hardware only applies with --from-runs (calibrate measures this machine)")
+    from dlrm_scale.tools.calibrate import CalibrationConfig, calibrate, calibrate_kernels
+
     if args.kernels_only:
         kernels, times = calibrate_kernels(Path(args.out))
         for kind, per_kernel in times.items():
@@ -395,16 +350,10 @@ def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
     return "\n".join(lines)
 
 
-LAUNCHER_HELP = """usage: dlrm-scale train [--nproc-per-node N] [--nnodes N|MIN:MAX] [--rdzv-endpoint HOST:PORT] [--rdzv-id ID] TRAINER FLAGS
-
-Starts torchrun with dlrm_scale.train after checking every flag and the config here.
-  --nproc-per-node N     ranks on this node (default 2)
-  --nnodes N|MIN:MAX     nodes (default 1); MIN:MAX for an elastic job
-  --rdzv-endpoint H:P    rendezvous of a multi-node job; without it, rendezvous stays on 127.0.0.1
-  --rdzv-id ID           job id at the rendezvous (default dlrm-scale)
-
-The trainer's flags:
-"""
+LAUNCHER_FLAGS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-id")
+LAUNCHER_HELP = ("usage: dlrm-scale train [--nproc-per-node N] [--nnodes N|MIN:MAX] [--rdzv-endpoint HOST:PORT] [--rdzv-id ID] "
+                 "TRAINER FLAGS\n\nStarts torchrun with dlrm_scale.train after checking every flag and the config here.\n"
+                 + "".join(f"  {flag:<20} {options.FLAGS[flag]['help']}\n" for flag in LAUNCHER_FLAGS) + "\nThe trainer's flags:\n")
 
 
 def node_count(nnodes: str) -> int | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import platform
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,10 +246,10 @@ def load_run_config(config_path: str | Path | None, overrides: Overrides = Overr
                                overrides.training(), overrides.stats)
     model = section_dataclass(doc, "model", ModelConfig, "config")
     profile = profile_file(doc, where, overrides.hardware)
-    return RunConfig(problem, model, _train_config(doc, overrides, profile), checkpoint, profile)
+    return RunConfig(problem, model, train_config(doc, overrides, profile), checkpoint, profile)
 
 
-def _train_config(doc: dict[str, Any], overrides: Overrides, profile: Path) -> TrainConfig:
+def train_config(doc: dict[str, Any], overrides: Overrides, profile: Path) -> TrainConfig:
     section = doc.get("train")
     if isinstance(section, dict) and "batch_size" in section:
         raise ConfigError("config: train: batch_size has one home, training: {batch_size_per_rank: N}; move it there")
@@ -288,8 +288,8 @@ def this_cpu() -> str:
 
 def measured_elsewhere(hardware: Any) -> str | None:
     """Where a hardware profile was measured on another CPU than this one (its `measured_on`), what
-    to say: its CPU kernels and constants are that machine's (stop 33: FBGEMM's embedding kernel,
-    chosen on an AMD EPYC, took 3.4x ours on an Intel Xeon). None where the same or not recorded."""
+    to say: its CPU kernels and constants are that machine's (FBGEMM's embedding kernel, chosen on
+    an AMD EPYC, took 3.4x ours on an Intel Xeon). None where the same or not recorded."""
     path = hardware_path(str(hardware))
     measured_on, here = read_yaml(path, "hardware profile").get("measured_on"), this_cpu()
     if measured_on is None or str(measured_on) == here:
@@ -305,42 +305,3 @@ def load_problem(config_path: str | Path | None = None, tables_csv: str | Path |
     module's sections allowed beside the planner's): for benchmarks and notebooks."""
     return planner_load_problem(config_path, tables_csv, hardware, cluster_overrides, training_overrides, stats_path,
                                 other_sections=RUN_SECTIONS)
-
-
-RUN_RECORD_SCHEMA = "dlrm-scale/run/v1"
-
-
-def run_document(run: RunConfig) -> dict[str, Any]:
-    """The run as a config document (what metrics.jsonl records at its start), so a run can be
-    re-costed later (`calibrate --from-runs`, `simulate --measured`) through the same reader
-    and checks as a config file."""
-    problem = run.problem
-    tables = [{k: v for k, v in asdict(t).items() if v is not None} for t in problem.tables]
-    return {
-        "schema": RUN_RECORD_SCHEMA,
-        "hardware": problem.cluster.name,
-        "cluster": {"world_size": problem.cluster.world_size, "ranks_per_node": problem.cluster.ranks_per_node},
-        "training": asdict(problem.training),
-        "tiering": _as_section(problem.tiering),
-        "model": _as_section(run.model),
-        "train": {"cpu_embeddings": run.train.cpu_embeddings, "interaction": run.train.interaction, "store_io": run.train.store_io},
-        "tables": tables,
-    }
-
-
-def _as_section(spec: Any) -> dict[str, Any]:
-    """A frozen dataclass as its config section would write it (tuples as lists, as JSON has)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
-
-
-def run_from_document(doc: Any, where: str, hardware: str | None = None) -> RunConfig:
-    """A run recorded by `run_document`, checked as a config file is; priced with `hardware`
-    (a profile name or .yaml path), else the profile it recorded."""
-    if not isinstance(doc, dict) or doc.get("schema") != RUN_RECORD_SCHEMA:
-        raise ConfigError(f"{where}: not a {RUN_RECORD_SCHEMA} record; it was written by another version, re-run the training")
-    doc = {k: v for k, v in doc.items() if k != "schema"}
-    check_keys(doc, PLANNER_SECTIONS + RUN_SECTIONS, where)
-    problem = problem_from_doc(doc, where, Path.cwd(), hardware=hardware)
-    model = section_dataclass(doc, "model", ModelConfig, where)
-    profile = profile_file(doc, where, hardware)
-    return RunConfig(problem, model, _train_config(doc, Overrides(hardware=hardware), profile), profile=profile)

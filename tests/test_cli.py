@@ -127,3 +127,22 @@ def test_output_cut_short_by_a_pipe_ends_quietly(tmp_path):
     r = subprocess.run(f"{sys.executable} -m dlrm_scale.cli plan --tables {tables} --hardware cpu_gloo --world-size 2 "
                        f"--time-limit 1 --out {tmp_path / 'p.json'} | head -1", shell=True, capture_output=True, text=True)
     assert r.stdout.strip() and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr[-500:]
+
+
+def test_every_flag_is_declared_once_in_options():
+    """No command declares a flag of its own: each comes from dlrm_scale/options.py, so a flag
+    cannot take another type, choice or default in another command."""
+    import ast
+    from pathlib import Path
+
+    from dlrm_scale import options
+
+    own = []
+    for path in Path("dlrm_scale").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+                    and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--")
+                    and path.name != "options.py"):
+                own.append(f"{path}: {node.args[0].value}")
+    assert own == []
+    assert all(spec.get("help") for spec in options.FLAGS.values())

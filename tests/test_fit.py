@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm_scale.run_config import ModelConfig, RunConfig, load_run_config, run_document, run_from_document
+from dlrm_scale.run_config import ModelConfig, RunConfig, load_run_config
+from dlrm_scale.run_record import run_document, run_from_document
 from dlrm_scale.tools.fit import compare, fit_runs, profile_values
 from dlrm_scale.tools.runs import MeasuredRun, load_run
-from dlrm_scale.tools.simulate import PHASE_GROUPS, simulate
+from dlrm_scale.run_record import PHASE_GROUPS
+from dlrm_scale.tools.simulate import simulate
 from planner.access_stats import save_stats, zipf_access
 from planner.errors import ConfigError
 from planner.plan import Plan, table_layout, uniform_plan

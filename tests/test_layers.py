@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Lowest first; a module may import from its own layer and those before it.
 LAYERS = [
     ("planner",),
-    ("dlrm_scale.run_config", "dlrm_scale.quiet"),
+    ("dlrm_scale.run_config", "dlrm_scale.quiet", "dlrm_scale.options", "dlrm_scale.run_record"),
     ("dlrm_scale.kernels",),
     ("dlrm_scale.bridge",),
     ("dlrm_scale.tiering",),
@@ -22,7 +22,8 @@ LAYERS = [
     ("dlrm_scale.cli", "dlrm_scale.train"),
 ]
 TORCH_FREE = ["planner", "planner.planning", "planner.report", "planner.scoring", "planner.comm_volume", "planner.explain",
-              "planner.diff", "dlrm_scale.run_config", "dlrm_scale.training.flags", "dlrm_scale.tools.simulate"]
+              "planner.diff", "dlrm_scale.run_config", "dlrm_scale.options", "dlrm_scale.run_record", "dlrm_scale.training.flags", "dlrm_scale.tools.simulate",
+              "dlrm_scale.tools.fit", "dlrm_scale.tools.runs", "dlrm_scale.tools.refit"]
 TORCH = ("torch", "torchrec", "fbgemm_gpu")
 
 
@@ -89,3 +90,24 @@ def test_torch_free_modules_import_without_torch():
     code = (f"import sys; import {', '.join(TORCH_FREE)}; "
             f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {TORCH!r}); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_analysis_commands_run_where_torch_cannot_be_imported(tmp_path):
+    """`calibrate --from-runs`, `simulate --measured` and `plan` on recorded runs, with every import
+    of torch, torchrec or fbgemm_gpu refused."""
+    runs = sorted((ROOT / "tests" / "data" / "recorded_runs").iterdir())
+    code = f"""
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {TORCH!r}:
+            raise ImportError("no " + name + " here")
+sys.meta_path.insert(0, Refuse())
+from dlrm_scale.cli import main
+assert main(["calibrate", "--from-runs", *{[str(r) for r in runs]!r}, "--out", {str(tmp_path / "p.yaml")!r}]) == 0
+assert main(["simulate", {str(runs[0] / "plan.json")!r}, "--measured", {str(runs[0])!r}]) == 0
+assert main(["plan", "configs/tiny.yaml", "--out", {str(tmp_path / "plan.json")!r}, "--hardware", {str(tmp_path / "p.yaml")!r}]) == 0
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refitted cpu_gloo to 2 runs" in out.stdout and "largest misses" in out.stdout

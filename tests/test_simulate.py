@@ -5,7 +5,7 @@ import pytest
 from dlrm_scale.run_config import ModelConfig
 from dlrm_scale.tools.simulate import dense_cost
 from dlrm_scale.tools.simulate import simulate
-from dlrm_scale.tools.simulate import PHASE_GROUPS
+from dlrm_scale.run_record import PHASE_GROUPS
 from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms, host_overhead_ms, row_comm_bytes
 from planner.plan import Plan, table_layout
 from planner.types import ShardingType

@@ -37,8 +37,8 @@ from dlrm_scale.training.rank_end import end_rank
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from dlrm_scale.tools.store_timing import store_samples_on_ranks
 from planner.specs import GIB
-from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields, gb_per_s, nonnegative_lstsq
-from dlrm_scale.tools.runs import load_run
+from dlrm_scale.tools.fit import gb_per_s, nonnegative_lstsq
+from dlrm_scale.tools.refit import refit_from_runs, write_profile, yaml_value
 from dlrm_scale.run_config import this_cpu
 from planner.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
 from planner.errors import ConfigError
@@ -255,7 +255,7 @@ CALIBRATION_MODEL = {"num_dense_features": 13, "dense_arch": [64, 32], "over_arc
 
 def mix_document(mix: tuple, world: int, hardware: str) -> dict:
     """A run document (dlrm_scale.run_config) of a generated mix of identical tables."""
-    from dlrm_scale.run_config import RUN_RECORD_SCHEMA
+    from dlrm_scale.run_record import RUN_RECORD_SCHEMA
 
     num_tables, rows, dim, pooling, zipf = mix
     return {
@@ -268,7 +268,7 @@ def mix_document(mix: tuple, world: int, hardware: str) -> dict:
 
 
 def _train_mix(rank: int, world: int, out_dir: str, doc: dict, plan_name: str, hardware: str) -> None:
-    from dlrm_scale.run_config import run_from_document
+    from dlrm_scale.run_record import run_from_document
     from dlrm_scale.training.trainer import Trainer
     from planner.plan import Plan, uniform_plan
     from planner.planning import make_plan
@@ -315,14 +315,6 @@ def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     return {"ssd_gb_per_s": gb_per_s(ms_per_byte), "ssd_latency_us": float(latency_us), "cache_id_ns": per_id_s * 1e9}
 
 
-def _yaml_value(value) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
-    if isinstance(value, str) and any(c in value for c in ":#{}[],&*!|>'\"%@`"):
-        return json.dumps(value)  # a CPU's name, say: quoted, so YAML reads it back as written
-    return str(round(value, 6) if isinstance(value, float) else value)
-
-
 def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     """Only the CPU kernel choice, written into an existing profile (its `cpu_kernels` line),
     leaving the fitted constants as they are; so a `store_io` the profile has stays (its store
@@ -336,44 +328,11 @@ def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     kernels, times = choose_cpu_kernels(store_directory=None if kept else profile.parent)
     kernels.update(kept)
     lines = [line for line in profile.read_text().splitlines() if not line.startswith(("cpu_kernels:", "measured_on:"))]
-    lines += [f"cpu_kernels: {_yaml_value(kernels)}", f"measured_on: {_yaml_value(this_cpu())}"]
+    lines += [f"cpu_kernels: {yaml_value(kernels)}", f"measured_on: {yaml_value(this_cpu())}"]
     tmp = profile.with_name(profile.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(profile)
     return kernels, times
-
-
-def write_profile(out: Path, profile: dict, header: str) -> None:
-    lines = [f"{k}: {_yaml_value(v)}" for k, v in profile.items()]
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(header + "\n".join(lines) + "\n")
-    tmp.replace(out)
-
-
-def refit_from_runs(run_dirs: list[Path], start: str, out: Path, header: str | None = None) -> tuple[dict, Fit]:
-    """`start`'s profile (a name or .yaml path) with every constant refitted to the runs in
-    `run_dirs`, written to `out`; the profile records what it was fitted on and its residuals."""
-    from planner.config import hardware_path, read_yaml
-
-    runs = [load_run(d, start) for d in run_dirs]
-    kernels = {(r.run.train.cpu_embeddings, r.run.train.interaction) for r in runs}
-    if len(kernels) > 1:
-        raise ConfigError(f"calibrate --from-runs: the runs trained with different CPU kernels ({', '.join(sorted(map(str, kernels)))}); "
-                          "fit each kernel's runs into a profile of its own")
-    fit = fit_runs(runs, runs[0].run.problem.cluster)
-    profile = {**read_yaml(hardware_path(start), "hardware profile"), "name": out.stem}
-    for name, value in fitted_fields(runs[0].run.problem.cluster, fit.values).items():
-        profile[name] = value
-    (embeddings, interaction), = kernels
-    # the kernels the constants describe (the store's, not refitted here, keep the profile's store_io)
-    profile["cpu_kernels"] = {**(profile.get("cpu_kernels") or {}), "embeddings": embeddings, "interaction": interaction}
-    profile["fitted_on"] = {"runs": len(runs), "tables": f"{min(len(r.run.problem.tables) for r in runs)}-"
-                            f"{max(len(r.run.problem.tables) for r in runs)}", "ranks": ",".join(sorted({str(r.plan.world_size) for r in runs}))}
-    profile["fit_residuals"] = {k: round(v, 4) for k, v in fit.residuals.items()}
-    header = header or (f"# Refitted by `dlrm-scale calibrate --from-runs` from {start} on {len(runs)} runs, "
-                        f"{datetime.date.today().isoformat()}.\n")
-    write_profile(out, profile, header)
-    return profile, fit
 
 
 def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dict:

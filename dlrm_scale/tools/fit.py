@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 
 from dlrm_scale.tools.runs import MeasuredRun
-from dlrm_scale.tools.simulate import COLLECTIVE_GROUPS, PHASE_GROUPS, simulate
+from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
+from dlrm_scale.tools.simulate import simulate
 from planner.specs import ClusterSpec
 
 # The constants fitted, by profile key. A bandwidth is fitted as its reciprocal; "link_gb_per_s"

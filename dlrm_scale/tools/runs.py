@@ -11,9 +11,8 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dlrm_scale.run_config import RunConfig, run_from_document
-from dlrm_scale.tools.simulate import PHASE_GROUPS
-from dlrm_scale.training.phases import PHASES
+from dlrm_scale.run_config import RunConfig
+from dlrm_scale.run_record import PHASE_GROUPS, PHASES, run_from_document
 from planner.config import with_access_stats
 from planner.errors import ConfigError, PlannerError
 from planner.plan import Plan, check_plan_tables

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from dlrm_scale.run_config import ModelConfig, TrainConfig
+from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
 from planner.cost_model import (
     AnalyticCostModel,
     CostModel,
@@ -33,21 +34,6 @@ from planner.plan import Plan
 from planner.scoring import costed_options
 from planner.specs import GIB, PlanningProblem, TableSpec
 from planner.types import TIERS, Storage
-
-# What the cost model predicts, by the trainer's phases it is measured in. A data-parallel
-# table trains as TorchRec trains it, as a dense parameter: its update runs with the dense
-# optimizer and its gradient joins DDP's all-reduce, so those parts of its cost count there.
-PHASE_GROUPS = {
-    "input_dist": ("input_dist",),
-    "embedding": ("emb_fwd", "emb_bwd_opt", "tiering"),
-    "a2a_fwd": ("a2a_fwd",),
-    "a2a_bwd": ("a2a_bwd",),
-    "dense": ("dense_fwd", "dense_bwd", "optimizer"),
-    "all_reduce": ("dense_allreduce",),
-    "other": ("data", "rest"),
-}
-COLLECTIVE_GROUPS = ("input_dist", "a2a_fwd", "a2a_bwd", "all_reduce")  # batched collectives: once a step per sharding type (all-reduce: once)
-
 
 @dataclass(frozen=True)
 class RankSimulation:

@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, STORE_IO, CheckpointConfig, Overrides, RunConfig, load_run_config
+from dlrm_scale import options
+from dlrm_scale.run_config import CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.errors import ConfigError
 from planner.plan import Plan, check_plan_inputs, check_plan_tables
 from planner.plan_inputs import PlanInputs
@@ -28,50 +29,17 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 """
 
 
+TRAIN_FLAGS = ("--plan", "--ignore-plan-inputs", "--planner", "--steps", "--batch-size", "--comm-precision", "--embedding-optimizer",
+               "--data", "--data-path", "--out-dir", "--seed", "--eval-every", "--no-pipeline", "--checkpoint-dir",
+               "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--store-dir",
+               "--store-io", "--interaction", "--cpu-embeddings")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dlrm_scale.train", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="YAML config (tables, training, model, train sections)")
-    p.add_argument("--plan", help="plan JSON from 'dlrm-scale plan'; default: plan on rank 0 at start")
-    p.add_argument("--ignore-plan-inputs", action="store_true",
-                   help="train --plan though it was made for other inputs (another batch, precision or profile), e.g. to "
-                        "compare precisions on one layout; what differs is printed (its tables and world size must still fit)")
-    p.add_argument("--planner", choices=["ours", "torchrec"], default="ours",
-                   help="who plans at start when no --plan is given (torchrec: its EmbeddingShardingPlanner)")
-    p.add_argument("--steps", type=int)
-    p.add_argument("--batch-size", type=int,
-                   help="per rank; the global batch (this x ranks) of step s is a function of (seed, s) only, "
-                        "so the same samples at any world size")
-    p.add_argument("--comm-precision", help="e.g. fwd=fp16,bwd=bf16 (fp32, fp16, bf16, int8)")
-    p.add_argument("--embedding-optimizer", choices=TRAINABLE_EMBEDDING_OPTIMIZERS)
-    p.add_argument("--data", choices=["synthetic", "criteo"], default="synthetic")
-    p.add_argument("--data-path", help="Criteo: a TSV file, a folder of TSV files, or TorchRec's preprocessed .npy folder")
-    p.add_argument("--out-dir", default="out/train")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--no-pipeline", action="store_true", help="plain forward/backward instead of TrainPipelineSparseDist")
-    p.add_argument("--checkpoint-dir", help="where checkpoints go (one subfolder per saved step)")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--resume", action="store_true",
-                   help="go on from the newest checkpoint in --checkpoint-dir (an existing directory) that verifies; "
-                        "damaged ones are skipped, saying why")
-    p.add_argument("--resume-from", metavar="STEP|PATH", help="go on from this checkpoint (a step, or a step_* folder) only")
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels; log every step's exact loss (plans that sum in the same order give "
-                        "bitwise equal losses, other plans and world sizes agree to about 1e-5)")
-    p.add_argument("--store-dir", help="directory for the rows of tables the plan keeps on SSD (CPU tiering)")
-    p.add_argument("--store-io", choices=STORE_IO,
-                   help="the SSD store's reads: through the page cache with pread, copied from the files kept mapped "
-                        "(mapped: no system call a row; the pages count in RSS), or O_DIRECT from the device "
-                        "(default: the faster of pread and mapped on this machine, as calibrate measured)")
-    p.add_argument("--interaction", choices=INTERACTIONS,
-                   help="DLRM's dot interaction: dlrm_scale's symmetric backward or TorchRec's InteractionArch "
-                        "(default: the faster on this machine, as calibrate measured)")
-    p.add_argument("--cpu-embeddings", choices=CPU_EMBEDDINGS,
-                   help="on CPU, dlrm_scale's row-wise Adagrad kernel and huge-page tables, or FBGEMM's kernel as TorchRec runs it "
-                        "(default: the faster on this machine, as calibrate measured)")
+    options.add(p, "--config", required=True)
+    options.add_all(p, *TRAIN_FLAGS)
     return p.parse_args(argv)
-
 
 @dataclass(frozen=True)
 class TrainJob:

@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.host_group import host_group
-from dlrm_scale.training.phases import PHASES, PhaseTimer
+from dlrm_scale.run_record import PHASES
+from dlrm_scale.training.phases import PhaseTimer
 from planner.comm_volume import embedding_comm_bytes
 from planner.plan import Plan
 from planner.specs import TrainingSpec

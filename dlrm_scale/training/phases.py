@@ -32,8 +32,8 @@ import torch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import NoWait
 
-PHASES = ("data", "input_dist", "emb_fwd", "a2a_fwd", "dense_fwd", "dense_bwd", "a2a_bwd", "emb_bwd_opt",
-          "dense_allreduce", "optimizer", "tiering", "rest")
+from dlrm_scale.run_record import PHASES
+
 
 
 class PhaseTimer:

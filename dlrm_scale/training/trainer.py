@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from dlrm_scale.run_config import RunConfig, run_document
+from dlrm_scale.run_config import RunConfig
+from dlrm_scale.run_record import run_document
 from dlrm_scale.training import checkpoint as ckpt
 from dlrm_scale.training.build import build_parts
 from dlrm_scale.training.comm_meter import CommMeter
