@@ -18,9 +18,9 @@ from pathlib import Path
 
 
 from benchmarks.workloads import workload
-from planner.constraints import constrain
-from planner.planning import make_plan
-from planner.solver import SolverConfig
+from planner.spec.config import constrain
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
 from tests.capacity_problems import broken_rule
 from benchmarks.common import ROOT, write_result
 

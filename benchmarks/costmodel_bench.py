@@ -44,12 +44,12 @@ from dlrm_scale.run_record import COLLECTIVE_GROUPS
 from dlrm_scale.tools.fit import FLOOR_OF_STEP, compare, profile_values
 from dlrm_scale.tools.refit import refit_from_runs
 from dlrm_scale.tools.runs import load_run
-from planner.config import HARDWARE_DIR, hardware_path
-from planner.errors import ConfigError
-from planner.plan import Plan, table_layout, uniform_plan
-from planner.planning import make_plan
-from planner.specs import PlanningProblem
-from planner.types import ShardingType
+from planner.spec.config import HARDWARE_DIR, hardware_path
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, table_layout, uniform_plan
+from planner.plan.planning import make_plan
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import ShardingType
 from dlrm_scale.run_config import load_problem
 from benchmarks.common import ROOT, write_result
 

@@ -34,10 +34,10 @@ from benchmarks.costmodel_bench import (TABLE_COUNTS, accuracy, generate_mix, la
 from dlrm_scale.run_config import load_problem
 from dlrm_scale.tools.fit import compare, profile_values
 from dlrm_scale.tools.runs import load_run
-from planner.config import HARDWARE_DIR, hardware_path
-from planner.errors import ConfigError
-from planner.plan import Plan, table_layout
-from planner.types import ShardingType
+from planner.spec.config import HARDWARE_DIR, hardware_path
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, table_layout
+from planner.spec.types import ShardingType
 from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results"

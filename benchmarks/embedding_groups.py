@@ -55,10 +55,10 @@ class Tables:
 
     def __init__(self, problem, seed: int) -> None:
         from dlrm_scale.training.data import SyntheticData, feature_name
-        from planner.cost_model import WEIGHT_BYTES, AnalyticCostModel, distinct_rows_per_step
-        from planner.plan import uniform_plan
-        from planner.scoring import costed_options
-        from planner.types import ShardingType
+        from planner.cost.cost_model import WEIGHT_BYTES, AnalyticCostModel, distinct_rows_per_step
+        from planner.plan.document import uniform_plan
+        from planner.views.scoring import costed_options
+        from planner.spec.types import ShardingType
 
         self.specs = {t.name: t for t in problem.tables}
         batch = problem.training.batch_size_per_rank * WORLD

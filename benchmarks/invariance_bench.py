@@ -27,8 +27,8 @@ from pathlib import Path
 
 
 from dlrm_scale.run_config import load_problem
-from planner.plan import Plan, table_layout
-from planner.types import ShardingType
+from planner.plan.document import Plan, table_layout
+from planner.spec.types import ShardingType
 from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "invariance.json"
@@ -43,7 +43,7 @@ CONTROL = "table_wise@2, other interaction kernel"
 def other_interaction(config: str) -> str:
     """The dot interaction the trainer does not pick by default on this machine."""
     from dlrm_scale.run_config import measured_cpu_kernels
-    from planner.config import profile_file, read_yaml
+    from planner.spec.config import profile_file, read_yaml
 
     profile = profile_file(read_yaml(Path(config), "config"), f"config {config}")
     return "torchrec" if measured_cpu_kernels(profile)["interaction"] == "dlrm_scale" else "dlrm_scale"

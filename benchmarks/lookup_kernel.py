@@ -3,7 +3,7 @@
 1. grid: a rank's CPU lookups as the trainer runs them (FBGEMM's forward, our fused row-wise
    Adagrad backward, timed as `dlrm-scale calibrate` times them) over tables of 300 to 2M rows,
    dims 16-256, pooling 1-100, batch 1024 (the global batch a table-wise shard serves in the
-   cost-model benchmark), the grid run --repeats times; planner/cost_model.py's lookup formulas
+   cost-model benchmark), the grid run --repeats times; planner/cost/cost_model.py's lookup formulas
    fitted to it (calibrate.fit_embedding). Small tables at high pooling repeat their rows many
    times, so a cost per id and a cost per distinct row come apart there; calibrate's own grid
    (100k and 2M rows, pooling up to 32) cannot tell them apart.
@@ -34,7 +34,7 @@ from benchmarks.costmodel_bench import run_cli
 from dlrm_scale.tools.calibrate import EMBEDDING_CONSTANTS, CalibrationConfig, embedding_samples, fit_embedding
 from dlrm_scale.tools.fit import compare
 from dlrm_scale.tools.runs import load_run
-from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
+from planner.cost.cost_model import lookup_bwd_ms, lookup_fwd_ms
 from benchmarks.common import ROOT, write_result
 
 BATCH = 1024

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from benchmarks.workloads import WORKLOADS, workload
 
-from planner.bounds import lower_bound_ms
-from planner.candidates import enumerate_options
-from planner.planning import make_plan
-from planner.solver import SolverConfig
-from planner.types import TIERS
+from planner.search.bounds import lower_bound_ms
+from planner.search.candidates import enumerate_options
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.types import TIERS
 from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "planner.json"
@@ -74,8 +74,8 @@ def run_torchrec_planner(make_problem, timeout_s):
 
 
 def bench_one(name, kind, tables, ranks, with_torchrec, time_limit_s, torchrec_timeout_s):
-    from planner.plan import Plan
-    from planner.scoring import rank_times_ms
+    from planner.plan.document import Plan
+    from planner.views.scoring import rank_times_ms
 
     problem = workload(kind, tables, ranks)
     row = {"workload": name, "tables": len(problem.tables), "ranks": ranks, "batch_per_rank": problem.training.batch_size_per_rank}

@@ -41,7 +41,7 @@ class OtherPlans(Exception):
 
 def rank_quantities(plan, problem) -> list[dict[str, float]]:
     """Per rank, the quantities of the table-wise shards it holds, per step."""
-    from planner.cost_model import WEIGHT_BYTES, distinct_rows_per_step
+    from planner.cost.cost_model import WEIGHT_BYTES, distinct_rows_per_step
 
     out = [dict.fromkeys(QUANTITIES, 0.0) for _ in range(plan.world_size)]
     batch = problem.training.batch_size_per_rank * plan.world_size

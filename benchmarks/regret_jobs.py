@@ -38,7 +38,7 @@ from benchmarks.costmodel_bench import (PLANS, RESULTS, TABLE_COUNTS, generate_m
 from benchmarks.regret_paired import rotated
 from dlrm_scale.run_config import load_problem
 from dlrm_scale.tools.runs import load_run
-from planner.errors import ConfigError
+from planner.spec.errors import ConfigError
 from benchmarks.common import write_result
 
 RESAMPLES = 4000

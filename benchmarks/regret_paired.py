@@ -53,8 +53,8 @@ import numpy as np
 
 from benchmarks.costmodel_bench import RESULTS, WORLD, generate_mix, layout_key, plan_for, write_config
 from benchmarks.common import ROOT, write_result
-from planner.config import hardware_path
-from planner.errors import ConfigError
+from planner.spec.config import hardware_path
+from planner.spec.errors import ConfigError
 
 FITTED = "cpu_epyc_zen4"
 HELD_OUT = (1, 3, 5, 7, 9, 11)
@@ -75,7 +75,7 @@ def worker(config: Path, labels: list[str], rotate: int, blocks: int, block_step
     from dlrm_scale.training.phases import step_runner
     from dlrm_scale.training.prefetch import batch_source
     from dlrm_scale.training.rank_end import end_rank
-    from planner.plan import Plan
+    from planner.plan.document import Plan
 
     rank, world, device = init_distributed()
     run = load_run_config(config, Overrides(world_size=world, ranks_per_node=int(os.environ["LOCAL_WORLD_SIZE"]), device="cpu"))

@@ -13,9 +13,9 @@ import time
 from dataclasses import replace
 
 from dlrm_scale.run_config import load_problem
-from planner.planning import make_plan
-from planner.replan import replan
-from planner.specs import GIB, TableSpec
+from planner.plan.planning import make_plan
+from planner.replan.replan import replan
+from planner.spec.specs import GIB, TableSpec
 from benchmarks.common import RESULTS, write_result
 
 RESULT = RESULTS / "replan.json"

@@ -27,8 +27,8 @@ import time
 from benchmarks.planner_bench import run_torchrec_planner
 from benchmarks.workloads import held_out, workload
 
-from planner.planning import make_plan
-from planner.solver import SolverConfig
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
 from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "search.json"
@@ -46,9 +46,9 @@ HELD_OUT = [  # (name, kind, ranks, seed, run TorchRec's planner too)
 
 def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
     from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
-    from planner.plan import Plan
-    from planner.phase_balance import rank_step_ms
-    from planner.scoring import rank_breakdown, rank_times_ms
+    from planner.plan.document import Plan
+    from planner.cost.step import rank_step_ms
+    from planner.views.scoring import rank_breakdown, rank_times_ms
 
     problem = held_out(kind, ranks, seed)
     model = TorchRecCostModel(problem)

@@ -41,9 +41,9 @@ import torch
 
 
 from dlrm_scale.tiering.cache import SetAssociativeCache
-from planner.access_stats import trace_access, zipf_access
-from planner.cost_model import cache_index_bytes, rows_bytes
-from planner.plan import Plan
+from planner.spec.access_stats import trace_access, zipf_access
+from planner.cost.cost_model import cache_index_bytes, rows_bytes
+from planner.plan.document import Plan
 from benchmarks.common import ROOT, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "tiering.json"
@@ -296,7 +296,7 @@ def speed(steps: int, repeats: int, variants: tuple = VARIANTS, store_io: str | 
 def profiled_hit_rate(stats: Path, policy: str, load_factor: float) -> float:
     """The hit rate the plan was priced with: `dlrm-scale profile`'s curve at the cache's size,
     weighted by each table's distinct ids a step."""
-    from planner.access_stats import load_stats
+    from planner.spec.access_stats import load_stats
 
     tables = load_stats(stats).values()
     return sum(a.curve(policy).at(load_factor) * a.unique_ids_per_batch for a in tables) / sum(a.unique_ids_per_batch for a in tables)
@@ -305,7 +305,7 @@ def profiled_hit_rate(stats: Path, policy: str, load_factor: float) -> float:
 def profile_store_io() -> str:
     """How the trainer reads the SSD store by default here: the hardware profile's choice."""
     from dlrm_scale.run_config import measured_cpu_kernels
-    from planner.config import profile_file, read_yaml
+    from planner.spec.config import profile_file, read_yaml
 
     return measured_cpu_kernels(profile_file(read_yaml(Path(ROOT, CONFIG), "config"), f"config {CONFIG}"))["store_io"]
 

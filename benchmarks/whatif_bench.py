@@ -23,10 +23,11 @@ import numpy as np
 
 
 from dlrm_scale.run_config import load_problem
-from planner.errors import InfeasiblePlanError
-from planner.planning import make_plan
-from planner.solver import SolverConfig
-from planner.specs import PlanningProblem, TableSpec, TrainingSpec
+from planner.spec.errors import InfeasiblePlanError
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.problem import PlanningProblem
+from planner.spec.specs import TableSpec, TrainingSpec
 from benchmarks.common import ROOT, write_result
 
 GLOBAL_BATCH = 65_536

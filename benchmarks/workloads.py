@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dlrm_scale.run_config import load_problem
-from planner.specs import PlanningProblem, TableSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.specs import TableSpec, TrainingSpec
 
 GLOBAL_BATCH = 65_536
 

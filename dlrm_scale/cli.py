@@ -18,11 +18,11 @@ from pathlib import Path
 
 from dlrm_scale import options, quiet
 from dlrm_scale.run_config import Overrides, load_run_config
-from planner.errors import ConfigError, PlannerBugError, PlannerError
-from planner.plan import Plan
-from planner.planning import make_plan
-from planner.report import format_plan, plot_plan
-from planner.solver import SolverConfig
+from planner.spec.errors import ConfigError, PlannerBugError, PlannerError
+from planner.plan.document import Plan
+from planner.plan.planning import make_plan
+from planner.views.report import format_plan, plot_plan
+from planner.search.solver import SolverConfig
 
 
 def check_output_file(flag: str, path: str | None) -> None:
@@ -64,7 +64,7 @@ def add_profile_parser(sub) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from dlrm_scale.tools.profile import profile_access
-    from planner.access_stats import save_stats
+    from planner.spec.access_stats import save_stats
 
     if args.data == "criteo" and not args.data_path:
         raise ConfigError("profile: --data criteo needs --data-path")
@@ -139,7 +139,7 @@ def add_explain_parser(sub) -> None:
 def run_for_plan(args: argparse.Namespace, plan: Plan):
     """The config's run on the plan's cluster shape (other flags as what-ifs), checked against
     the plan's tables."""
-    from planner.plan import check_plan_tables
+    from planner.plan.document import check_plan_tables
 
     run = load_run_config(args.config, Overrides.from_args(args, world_size=plan.world_size, ranks_per_node=plan.ranks_per_node))
     check_plan_tables(plan, run.problem)
@@ -147,7 +147,7 @@ def run_for_plan(args: argparse.Namespace, plan: Plan):
 
 
 def cost_model_for(name: str, problem):
-    from planner.cost_model import AnalyticCostModel
+    from planner.cost.cost_model import AnalyticCostModel
 
     if name == "torchrec":
         from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel
@@ -157,7 +157,7 @@ def cost_model_for(name: str, problem):
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from planner.explain import explain
+    from planner.views.explain import explain
 
     plan = Plan.load(args.plan)
     problem = run_for_plan(args, plan).problem
@@ -174,8 +174,8 @@ def add_diff_parser(sub) -> None:
     options.add(p, "--config", more="re-cost both plans under this config's model (default: each plan's own prediction)")
 
 def run_diff(args: argparse.Namespace) -> int:
-    from planner.diff import diff_plans
-    from planner.scoring import rank_times_ms
+    from planner.views.diff import diff_plans
+    from planner.views.scoring import rank_times_ms
 
     before, after = Plan.load(args.before), Plan.load(args.after)
     optimizer, before_ms, after_ms = "rowwise_adagrad", None, None
@@ -220,7 +220,7 @@ def add_calibrate_parser(sub) -> None:
 
 def named_profile_path(name: str) -> str:
     """Where `calibrate --name NAME` writes: the user's profile folder, made if missing."""
-    from planner.config import HARDWARE_DIR, user_hardware_dir
+    from planner.spec.config import HARDWARE_DIR, user_hardware_dir
 
     if not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(f"calibrate --name {name!r}: use letters, digits, '-' and '_' only")
@@ -317,8 +317,8 @@ def run_plan(args: argparse.Namespace) -> int:
 def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_gb: float | None, out: Path) -> Plan:
     """The plan `--from` gives: within `max_move_gb`, the fastest found; without it, the front
     printed and written beside OUT (OUT.front-K.json), OUT itself the fastest point."""
-    from planner.replan import replan
-    from planner.specs import GIB
+    from planner.replan.replan import replan
+    from planner.spec.specs import GIB
 
     front = replan(problem, old, cost_model, solver, None if max_move_gb is None else int(max_move_gb * GIB))
     print(front.format())
@@ -336,8 +336,8 @@ def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_g
 def compare_with_torchrec(problem, plan: Plan, our_seconds: float) -> str:
     """Both plans' busiest rank under both cost models, and both planning times."""
     from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, torchrec_planner_plan
-    from planner.cost_model import AnalyticCostModel
-    from planner.scoring import rank_times_ms
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.views.scoring import rank_times_ms
 
     theirs, their_seconds = torchrec_planner_plan(problem)
     models = (AnalyticCostModel(problem.cluster, problem.training), TorchRecCostModel(problem))

@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, STORE_IO
-from planner.specs import OPTIMIZER_STATE
+from planner.spec.specs import OPTIMIZER_STATE
 
 HARDWARE_HELP = ("hardware profile: a name (configs/hardware, or one 'dlrm-scale calibrate --name' wrote) or a .yaml path "
                  "(default: the config's)")

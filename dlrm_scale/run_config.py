@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from planner.config import PLANNER_SECTIONS, hardware_path, problem_from_doc, profile_file, read_yaml, section_dataclass
-from planner.config import load_problem as planner_load_problem
-from planner.errors import ConfigError
-from planner.specs import GIB, PRECISION_ELEMENT_BYTES, PlanningProblem, TieringSpec, check_keys
+from planner.spec.config import PLANNER_SECTIONS, hardware_path, problem_from_doc, profile_file, read_yaml, section_dataclass
+from planner.spec.config import load_problem as planner_load_problem
+from planner.spec.errors import ConfigError
+from planner.spec.specs import GIB, PRECISION_ELEMENT_BYTES, TieringSpec, check_keys
+from planner.spec.problem import PlanningProblem
 
 RUN_SECTIONS = ("model", "train")
 ARCHS = ("dlrm", "dcnv2")

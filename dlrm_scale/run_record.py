@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrm_scale.run_config import RUN_SECTIONS, ModelConfig, Overrides, RunConfig, train_config
-from planner.config import PLANNER_SECTIONS, problem_from_doc, profile_file, section_dataclass
-from planner.errors import ConfigError
-from planner.specs import check_keys
+from planner.spec.config import PLANNER_SECTIONS, problem_from_doc, profile_file, section_dataclass
+from planner.spec.errors import ConfigError
+from planner.spec.specs import check_keys
 
 PHASES = ("data", "input_dist", "emb_fwd", "a2a_fwd", "dense_fwd", "dense_bwd", "a2a_bwd", "emb_bwd_opt",
           "dense_allreduce", "optimizer", "tiering", "rest")

@@ -22,10 +22,10 @@ from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directo
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.host_group import init_host_group
 from dlrm_scale.training.rank_end import end_rank
-from planner.errors import ConfigError, PlannerError
-from planner.plan import Plan
-from planner.planning import make_plan
-from planner.schemes import check_precisions_trainable
+from planner.spec.errors import ConfigError, PlannerError
+from planner.plan.document import Plan
+from planner.plan.planning import make_plan
+from planner.spec.schemes import check_precisions_trainable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

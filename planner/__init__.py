@@ -1,11 +1,12 @@
 """dlrm-scale's sharding planner: specs in, plan out. Imports numpy and OR-Tools only."""
 
-from planner.config import load_problem
-from planner.errors import ConfigError, InfeasiblePlanError, PlanFormatError, PlannerError
-from planner.plan import Plan
-from planner.planning import make_plan
-from planner.solver import SolverConfig
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
+from planner.spec.config import load_problem
+from planner.spec.errors import ConfigError, InfeasiblePlanError, PlanFormatError, PlannerError
+from planner.plan.document import Plan
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
 
 __all__ = [
     "ClusterSpec", "ConfigError", "InfeasiblePlanError", "Plan", "PlanFormatError", "PlannerError",

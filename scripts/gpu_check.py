@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlrm_scale.run_config import load_problem  # noqa: E402
-from planner.config import read_yaml  # noqa: E402
-from planner.plan import Plan, table_layout  # noqa: E402
-from planner.types import ShardingType  # noqa: E402
+from planner.spec.config import read_yaml
+from planner.plan.document import Plan, table_layout
+from planner.spec.types import ShardingType
 
 TINY, MID = "configs/tiny.yaml", "configs/bench_kaggle_shaped.yaml"
 CACHED = {"fused_uvm_caching": ("ddr", 0.5), "key_value": ("ssd", 0.5)}

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from planner.config import build_cluster, cluster_fields, hardware_path, read_yaml
-from planner.cost_model import cache_index_bytes, shard_storage_bytes, slow_tier_bytes
-from planner.schemes import cache_rows
-from planner.constraints import constrain
-from planner.errors import ConfigError, PlannerError
-from planner.plan import Plan
-from planner.planning import make_plan
-from planner.solver import SolverConfig
-from planner.specs import GIB, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
-from planner.types import TIERS, ShardingType
+from planner.spec.config import build_cluster, cluster_fields, hardware_path, read_yaml
+from planner.cost.cost_model import cache_index_bytes, shard_storage_bytes, slow_tier_bytes
+from planner.spec.schemes import cache_rows
+from planner.spec.config import constrain
+from planner.spec.errors import ConfigError, PlannerError
+from planner.plan.document import Plan
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.specs import GIB, TableSpec, TieringSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import TIERS, ShardingType
 
 PROFILES = {"cpu": "cpu_gloo", "cuda": "a100_zionex"}
 SOLVER_PATHS = {  # (class_model_max_variables, joint_model_max_booleans)

@@ -1,6 +1,7 @@
 import pytest
 
-from planner.specs import GIB, ClusterSpec, PlanningProblem, TableSpec, TieringSpec, TrainingSpec
+from planner.spec.specs import GIB, ClusterSpec, TableSpec, TieringSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,10 +7,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from planner.access_stats import (
-    HitRateCurve, distinct_rows, lfu_hit_rate, lfu_ranks, load_stats, lru_positions, save_stats, trace_access, zipf_access,
-)
-from planner.errors import ConfigError
+from planner.spec.access_stats import HitRateCurve, distinct_rows, lfu_hit_rate, lfu_ranks, load_stats, lru_positions, save_stats, trace_access, zipf_access
+from planner.spec.errors import ConfigError
 
 
 def zipf_batches(rows, exponent, ids, batches, seed=0):

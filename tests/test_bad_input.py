@@ -12,14 +12,14 @@ from dlrm_scale.training.checkpoint import candidates, read_meta
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
 from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config
-from planner.config import load_tables_csv, section_dataclass
-from planner.errors import PlannerError
-from planner.plan import Plan, check_plan_inputs, check_plan_tables, table_layout
+from planner.spec.config import load_tables_csv, section_dataclass
+from planner.spec.errors import PlannerError
+from planner.plan.document import Plan, check_plan_inputs, check_plan_tables, table_layout
 import torch
-from planner.planning import make_plan
-from planner.specs import TableSpec, TieringSpec
-from planner.types import ShardingType
-from planner.access_stats import load_stats
+from planner.plan.planning import make_plan
+from planner.spec.specs import TableSpec, TieringSpec
+from planner.spec.types import ShardingType
+from planner.spec.access_stats import load_stats
 from dlrm_scale.tiering.cache import SetAssociativeCache
 from dlrm_scale.tiering.store import MemoryRowStore
 from dlrm_scale.bridge.resident import resident_plan

@@ -8,7 +8,7 @@ from dlrm_scale.kernels import cpu_adagrad
 from dlrm_scale.kernels.cpu_extension import built
 from dlrm_scale.tools.calibrate import CalibrationConfig, embedding_samples, fit_comms, fit_embedding
 from dlrm_scale.tools.fit import nonnegative_lstsq
-from planner.cost_model import lookup_bwd_ms, lookup_fwd_ms
+from planner.cost.cost_model import lookup_bwd_ms, lookup_fwd_ms
 from tests.conftest import make_cluster
 
 
@@ -64,7 +64,7 @@ def test_embedding_samples_time_the_kernel_the_trainer_will_run(embeddings, monk
 
 
 def test_comms_fit_recovers_latency_bandwidth_and_summing():
-    from planner.cost_model import all_reduce_ms, all_to_all_ms
+    from planner.cost.cost_model import all_reduce_ms, all_to_all_ms
 
     latency, gb_per_s, reduce_ns, world = 0.3, 2.0, 0.4, 2
     cluster = make_cluster(num_nodes=1, ranks_per_node=world, intra_node_gb_per_s=gb_per_s, reduce_byte_ns=reduce_ns)
@@ -78,7 +78,7 @@ def test_comms_fit_recovers_latency_bandwidth_and_summing():
 
 def test_store_fit_recovers_bandwidth_and_latency_from_per_miss_times():
     from dlrm_scale.tools.calibrate import fit_store
-    from planner.cost_model import cache_miss_ms
+    from planner.cost.cost_model import cache_miss_ms
 
     # 4000 ids at 250 ns each, 1000 of them missing
     samples = [{"dim": d, "ids": 4000, "misses": 1000, "hit_seconds": 4000 * 250e-9,
@@ -135,7 +135,7 @@ def test_a_profile_measured_on_another_cpu_is_named_with_the_fix(tmp_path):
 def test_kernels_only_rewrites_the_choice_and_records_this_cpu(tmp_path, monkeypatch):
     from dlrm_scale.run_config import measured_elsewhere, this_cpu
     from dlrm_scale.tools import calibrate as calibrate_module
-    from planner.config import read_yaml
+    from planner.spec.config import read_yaml
 
     profile = tmp_path / "p.yaml"
     profile.write_text(Path("configs/hardware/cpu_gloo.yaml").read_text() + 'measured_on: "Some Other CPU"\n')

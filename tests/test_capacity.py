@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from planner.capacity import check_capacity
+from planner.cost.capacity import check_capacity
 from dlrm_scale.run_config import load_problem
-from planner.errors import PlannerBugError
-from planner.planning import make_plan
-from planner.types import Storage
+from planner.spec.errors import PlannerBugError
+from planner.plan.planning import make_plan
+from planner.spec.types import Storage
 from tests.capacity_problems import broken_rule, cases, overfilled, plan_or_refusal
 
 ISSUE_CONFIG = """\

@@ -11,8 +11,8 @@ import torch
 
 from dlrm_scale.training.checkpoint import CheckpointError, complete_checkpoints, read_meta
 from dlrm_scale.tools.launch import run_on_ranks
-from planner.plan import Plan, table_layout
-from planner.types import ShardingType
+from planner.plan.document import Plan, table_layout
+from planner.spec.types import ShardingType
 from tests.test_training_distributed import every_scheme_plan, model_config, problem
 
 pytestmark = pytest.mark.distributed
@@ -87,7 +87,7 @@ def _load_under(rank, world, ckpt_dir, scheme):
 
 @pytest.mark.parametrize("saved, loaded, world_after", [("table_wise", "row_wise", 2), ("row_wise", "column_wise", 2), ("every", "row_wise", 4)])
 def test_checkpoint_reshards_to_another_plan(tmp_path, saved, loaded, world_after):
-    from planner.diff import diff_plans
+    from planner.views.diff import diff_plans
 
     before = run_on_ranks(_save_under, 2, str(tmp_path), saved)
     step, after, said = run_on_ranks(_load_under, world_after, str(tmp_path), loaded)

@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from planner.plan import Plan
+from planner.plan.document import Plan
 
 
 def cli(*args, cwd=None):

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from dlrm_scale.run_config import load_problem
-from planner.config import load_tables_csv
-from planner.errors import ConfigError
+from planner.spec.config import load_tables_csv
+from planner.spec.errors import ConfigError
 
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
           10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -99,13 +99,13 @@ def test_one_run_config_from_a_config_and_flags(tmp_path: Path):
     # without a config (--tables alone) every section takes its defaults, the batch from its one default
     csv = tmp_path / "t.csv"
     csv.write_text("name,num_embeddings,embedding_dim,pooling_factor\na,10,8,1\n")
-    from planner.specs import DEFAULT_BATCH_SIZE_PER_RANK
+    from planner.spec.specs import DEFAULT_BATCH_SIZE_PER_RANK
 
     assert load_run_config(None, Overrides(tables_csv=str(csv))).batch_size_per_rank == DEFAULT_BATCH_SIZE_PER_RANK
 
 
 def test_the_planner_alone_reads_only_its_own_sections():
-    from planner.config import load_problem as planner_load_problem
+    from planner.spec.config import load_problem as planner_load_problem
 
     with pytest.raises(ConfigError, match="unknown key 'model'"):
         planner_load_problem("configs/tiny.yaml")
@@ -113,7 +113,7 @@ def test_the_planner_alone_reads_only_its_own_sections():
 
 
 def test_named_profiles_are_found_among_the_shipped_ones_then_the_users(tmp_path, monkeypatch):
-    from planner.config import HARDWARE_DIR, hardware_path
+    from planner.spec.config import HARDWARE_DIR, hardware_path
 
     monkeypatch.setenv("DLRM_SCALE_HARDWARE_DIR", str(tmp_path))
     (tmp_path / "mybox.yaml").write_text((HARDWARE_DIR / "cpu_gloo.yaml").read_text())

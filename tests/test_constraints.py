@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.constraints import constrain
-from planner.errors import ConfigError, InfeasiblePlanError
-from planner.planning import make_plan
-from planner.solver import SolverConfig
-from planner.specs import GIB
+from planner.spec.config import constrain
+from planner.spec.errors import ConfigError, InfeasiblePlanError
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.specs import GIB
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak
 
@@ -31,8 +31,8 @@ def test_allowed_schemes_by_pattern_are_honoured_and_the_bound_holds():
     assert plan.tables["dense_a"].sharding_type == plan.tables["dense_b"].sharding_type == "row_wise"
     assert plan.tables["cat_0"].sharding_type == "column_wise"
     # the bound is proven for the constrained problem: never above the true constrained optimum
-    from planner.candidates import enumerate_options
-    from planner.cost_model import AnalyticCostModel
+    from planner.search.candidates import enumerate_options
+    from planner.cost.cost_model import AnalyticCostModel
 
     options = enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
     optimum = brute_force_peak(options, problem.cluster)
@@ -98,8 +98,8 @@ def test_bad_constraints_are_one_line(section, line):
 
 
 def test_explain_prices_what_a_constraint_forbids():
-    from planner.cost_model import AnalyticCostModel
-    from planner.explain import explain
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.views.explain import explain
 
     problem = constrained([{"match": "cat_0", "schemes": ["table_wise"]}])
     plan = make_plan(problem, config=FAST)

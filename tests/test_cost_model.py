@@ -1,10 +1,10 @@
 import pytest
 
-from planner import cost_model as cm
-from planner.cost_model import AnalyticCostModel, OptionRequest
-from planner.schemes import cache_rows, shard_geometry
-from planner.specs import TableSpec, TrainingSpec
-from planner.types import ShardingType
+from planner.cost import cost_model as cm
+from planner.cost.cost_model import AnalyticCostModel, OptionRequest
+from planner.spec.schemes import cache_rows, shard_geometry
+from planner.spec.specs import TableSpec, TrainingSpec
+from planner.spec.types import ShardingType
 from tests.conftest import make_cluster
 
 MS = 1e3
@@ -67,7 +67,7 @@ def test_expected_distinct_rows_match_the_training_data():
     import numpy as np
 
     from dlrm_scale.training.data import ZipfIds
-    from planner.access_stats import zipf_unique_ids
+    from planner.spec.access_stats import zipf_unique_ids
 
     for rows, s, n in [(100_000, 1.05, 20_480), (1000, 0.8, 5000), (2_000_000, 1.2, 65_536)]:
         drawn = len(np.unique(ZipfIds(rows, s, seed=0).sample(n, np.random.default_rng(1))))

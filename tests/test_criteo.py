@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dlrm_scale.training.criteo import CriteoDataError, CriteoNpy, CriteoTSV, criteo_data, parse_line
-from planner.errors import ConfigError
-from planner.specs import TableSpec
+from planner.spec.errors import ConfigError
+from planner.spec.specs import TableSpec
 from tests.criteo_fixture import BAD_LINES, write_criteo_tsv
 
 TABLES = [TableSpec(f"c{i}", 1000 + i, 8) for i in range(26)]

@@ -21,10 +21,10 @@ from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.sharders import sharder_for
 from dlrm_scale.tools.launch import free_port
 from dlrm_scale.train import local_gpu
-from planner.errors import ConfigError
-from planner.plan import Plan, table_layout
-from planner.specs import TableSpec
-from planner.types import ShardingType
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, table_layout
+from planner.spec.specs import TableSpec
+from planner.spec.types import ShardingType
 
 WORLD, LOCAL = 4, 2
 SCHEMES = {  # scheme -> ranks of its shards (row-wise: every rank; hierarchical: one node's)

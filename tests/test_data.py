@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dlrm_scale.training.data import CHUNK_SAMPLES, SyntheticData
-from planner.specs import TableSpec
+from planner.spec.specs import TableSpec
 
 TABLES = [TableSpec("a", 10_000, 8, pooling_factor=5.0, zipf_exponent=1.2), TableSpec("b", 50, 8, pooling_factor=1.0)]
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from planner.cost_model import AnalyticCostModel, rows_bytes
-from planner.diff import diff_plans
-from planner.explain import explain
-from planner.plan import Plan, table_layout
-from planner.planning import make_plan
-from planner.scoring import rank_times_ms
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
-from planner.types import ShardingType
+from planner.cost.cost_model import AnalyticCostModel, rows_bytes
+from planner.views.diff import diff_plans
+from planner.views.explain import explain
+from planner.plan.document import Plan, table_layout
+from planner.plan.planning import make_plan
+from planner.views.scoring import rank_times_ms
+from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import ShardingType
 
 TW, RW, CW, DP = ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL
 TABLES = (TableSpec("a", 40_000, 64, 8.0), TableSpec("b", 20_000, 64, 4.0), TableSpec("c", 1_000, 64, 2.0),

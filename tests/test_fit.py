@@ -18,12 +18,12 @@ from dlrm_scale.tools.fit import compare, fit_runs, profile_values
 from dlrm_scale.tools.runs import MeasuredRun, load_run
 from dlrm_scale.run_record import PHASE_GROUPS
 from dlrm_scale.tools.simulate import simulate
-from planner.access_stats import save_stats, zipf_access
-from planner.errors import ConfigError
-from planner.plan import Plan, table_layout, uniform_plan
-from planner.planning import make_plan
-from planner.specs import TableSpec
-from planner.types import ShardingType
+from planner.spec.access_stats import save_stats, zipf_access
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, table_layout, uniform_plan
+from planner.plan.planning import make_plan
+from planner.spec.specs import TableSpec
+from planner.spec.types import ShardingType
 from tests.conftest import make_cluster, make_problem
 
 MODEL = ModelConfig(num_dense_features=13, dense_arch=(32,), over_arch=(16, 1))

@@ -7,11 +7,11 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.access_stats import load_stats
+from planner.spec.access_stats import load_stats
 from dlrm_scale.run_config import load_problem
-from planner.config import load_tables_csv
-from planner.errors import PlannerError
-from planner.plan import Plan
+from planner.spec.config import load_tables_csv
+from planner.spec.errors import PlannerError
+from planner.plan.document import Plan
 
 # numbers at the edges too: past int64, thousands of digits, NaN and infinities
 numbers = st.one_of(st.integers(-10, 10**12), st.integers(-2**70, 2**70), st.just(10**3000), st.floats(allow_nan=True, allow_infinity=True))

@@ -12,7 +12,7 @@ from dlrm_scale.kernels import interaction
 from dlrm_scale.kernels.interaction import DotInteraction
 from dlrm_scale.training.prefetch import Prefetcher
 from dlrm_scale.run_config import Overrides, load_run_config
-from planner.errors import ConfigError
+from planner.spec.errors import ConfigError
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -91,7 +91,7 @@ def test_prefetcher_works_ahead_and_close_stops_a_blocked_worker():
 
 
 def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
-    from planner.specs import TableSpec
+    from planner.spec.specs import TableSpec
     from dlrm_scale.training.data import SyntheticData
     from dlrm_scale.training.prefetch import batch_bytes, materialise
 

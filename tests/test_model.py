@@ -4,8 +4,8 @@ import torch
 from dlrm_scale.training.data import SyntheticData
 from dlrm_scale.run_config import ModelConfig
 from dlrm_scale.training.model import build_model
-from planner.errors import ConfigError
-from planner.specs import TableSpec
+from planner.spec.errors import ConfigError
+from planner.spec.specs import TableSpec
 
 TABLES = [TableSpec("a", 100, 8, 2.0), TableSpec("b", 50, 8)]
 

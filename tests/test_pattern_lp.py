@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from planner.bounds import shard_limited_bound_ms
-from planner.cpsat import to_ticks
-from planner.errors import ConfigError
-from planner.greedy import choose_options, pack
-from planner.pattern_lp import PatternLP
-from planner.solver import SolverConfig, _pattern_stage
-from planner.placement_rules import RankRules
-from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from planner.search.bounds import shard_limited_bound_ms
+from planner.search.cpsat import to_ticks
+from planner.spec.errors import ConfigError
+from planner.search.greedy import choose_options, pack
+from planner.search.pattern_lp import PatternLP
+from planner.search.solver import SolverConfig, _pattern_stage
+from planner.spec.placement_rules import RankRules
+from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_search import NEEDS_SPLIT, peak
 from tests.test_solver import brute_force_peak, options_for

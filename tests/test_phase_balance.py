@@ -2,11 +2,11 @@ import time
 
 import pytest
 
-from planner.assignment import Assignment, RankLoads
-from planner.phase_balance import balance_phases, barrier_step_ms
-from planner.placement_rules import RankRules
-from planner.planning import make_plan
-from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from planner.search.assignment import Assignment, RankLoads
+from planner.search.phase_balance import balance_phases, barrier_step_ms
+from planner.spec.placement_rules import RankRules
+from planner.plan.planning import make_plan
+from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -62,9 +62,9 @@ def test_the_planner_shortens_the_step_within_its_slack_above_the_bound():
     """Ten tables of one width, pooling 1 to 100, on 2 ranks: the solver's plan alone waited
     19% above its busiest rank (lookups piled on one rank, outputs on the other); balanced, the
     step is within 7% of the bound, the busiest rank within PHASE_SLACK of it."""
-    from planner.cost_model import AnalyticCostModel
-    from planner.planning import PHASE_SLACK
-    from planner.scoring import costed_options
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.plan.planning import PHASE_SLACK
+    from planner.views.scoring import costed_options
 
     sizes = [(10306, 20.0), (2839, 100.0), (23881, 100.0), (1213, 20.0), (3911, 20.0), (37079, 100.0), (1060, 1.0),
              (1046, 5.0), (45178, 20.0), (1302, 1.0)]
@@ -84,8 +84,8 @@ def test_a_slower_machine_balances_the_phases_as_a_faster_one(monkeypatch):
     one problem differed."""
     import numpy as np
 
-    import planner.phase_balance as phase_balance
-    from planner.solver import SolverConfig
+    from planner.search import phase_balance as phase_balance
+    from planner.search.solver import SolverConfig
 
     rng = np.random.default_rng(3)
     tables = [table(f"t{i}", int(np.exp(rng.uniform(np.log(1e3), np.log(5e4)))), 64, float(np.exp(rng.uniform(0, np.log(100)))))

@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.candidates import enumerate_options
-from planner.colocation import colocate
-from planner.constraints import constrain
-from planner.cost_model import AnalyticCostModel
-from planner.errors import ConfigError, InfeasiblePlanError
-from planner.planning import make_plan
-from planner.solver import SolverConfig
+from planner.search.candidates import enumerate_options
+from planner.search.colocation import colocate
+from planner.spec.config import constrain
+from planner.cost.cost_model import AnalyticCostModel
+from planner.spec.errors import ConfigError, InfeasiblePlanError
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak
 
@@ -126,7 +126,7 @@ def test_bad_placement_constraints_are_one_line(section, line):
 
 
 def test_explain_keeps_a_pinned_table_to_its_ranks():
-    from planner.explain import explain
+    from planner.views.explain import explain
 
     problem = constrained({"tables": [{"match": "hot_0", "ranks": [3]}]})
     plan = make_plan(problem, config=PATHS["class"])
@@ -140,8 +140,8 @@ def test_explain_keeps_a_pinned_table_to_its_ranks():
 
 
 def test_repair_moves_shards_only_where_their_rules_admit():
-    from planner.assignment import Assignment, RankLoads
-    from planner.repair import repair_placement
+    from planner.search.assignment import Assignment, RankLoads
+    from planner.search.repair import repair_placement
 
     tables = [table(f"p_{i}", 20_000 + 7_919 * i, 32, 1.0 + i % 5) for i in range(8)] + \
              [table(f"hot_{i}", 300_000, 64, 10.0 + i) for i in range(3)] + [table(f"q_{i}", 30_000, 64, 2.0) for i in range(8)]

@@ -4,13 +4,13 @@ import json
 import pytest
 
 from dlrm_scale.run_config import load_run_config
-from planner.bounds import step_lower_bound_ms
-from planner.errors import PlanFormatError
-from planner.plan import SCHEMA, Plan
-from planner.planning import make_plan
-from planner.report import format_plan
-from planner.solver import SolverConfig
-from planner.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
+from planner.search.bounds import step_lower_bound_ms
+from planner.spec.errors import PlanFormatError
+from planner.plan.document import SCHEMA, Plan
+from planner.plan.planning import make_plan
+from planner.views.report import format_plan
+from planner.search.solver import SolverConfig
+from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -104,7 +104,7 @@ def test_missing_and_broken_files(tmp_path):
 
 
 def test_cached_tables_carry_their_tier_cache_rows_and_load_factor(tmp_path):
-    from planner.specs import TableSpec, TieringSpec
+    from planner.spec.specs import TableSpec, TieringSpec
 
     big = TableSpec("big", 40_000_000, 128, 4.0, zipf_exponent=1.1)
     cluster = make_cluster(ranks_per_node=2, hbm_gib=8, ssd_bytes_per_node=2**40)
@@ -128,8 +128,8 @@ def test_cached_tables_carry_their_tier_cache_rows_and_load_factor(tmp_path):
 def test_a_plan_records_the_inputs_it_was_made_for():
     from dataclasses import replace
 
-    from planner.plan import check_plan_inputs
-    from planner.plan_inputs import PlanInputs
+    from planner.plan.document import check_plan_inputs
+    from planner.plan.inputs import PlanInputs
 
     problem = make_problem([table("a", 100_000, 32, 4.0), table("b", 1000, 32)], make_cluster(), batch=512)
     plan = make_plan(problem, config=SolverConfig(time_limit_s=2))

@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from planner.constraints import constrain
-from planner.diff import diff_plans
-from planner.errors import InfeasiblePlanError
-from planner.planning import make_plan
-from planner.replan import replan
-from planner.solver import SolverConfig
+from planner.spec.config import constrain
+from planner.views.diff import diff_plans
+from planner.spec.errors import InfeasiblePlanError
+from planner.plan.planning import make_plan
+from planner.replan.replan import replan
+from planner.search.solver import SolverConfig
 from tests.conftest import make_cluster, make_problem, table
 
 FAST = SolverConfig(time_limit_s=2)
@@ -126,11 +126,11 @@ def plans_with_moves(problem, old):
 
     import numpy as np
 
-    from planner.candidates import enumerate_options
-    from planner.cost_model import AnalyticCostModel
-    from planner.diff import moved_bytes
-    from planner.planning import option_layout
-    from planner.types import Placement
+    from planner.search.candidates import enumerate_options
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.views.diff import moved_bytes
+    from planner.plan.planning import option_layout
+    from planner.spec.types import Placement
 
     world, specs = problem.cluster.world_size, {t.name: t for t in problem.tables}
     options = enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
@@ -193,10 +193,10 @@ def test_the_floor_knows_a_busy_old_rank_keeps_only_what_fits_under_it():
 def test_the_search_keeps_each_shard_of_a_held_table_on_its_own_rank():
     # stacking 'a''s two halves on one rank would free the other for 'n' (which must stay whole),
     # but it moves half of 'a': a held table's shards stay each on its rank
-    from planner.candidates import enumerate_options
-    from planner.colocation import colocate
-    from planner.cost_model import AnalyticCostModel
-    from planner.replan import _Moves, keeping, stay
+    from planner.search.candidates import enumerate_options
+    from planner.search.colocation import colocate
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.replan.replan import _Moves, keeping, stay
 
     old = make_plan(constrain(problem_on(2, [table("a", 200_000, 64, 4.0)]),
                               {"tables": [{"match": "a", "schemes": ["column_wise"], "max_shards": 2}]}), config=FAST)

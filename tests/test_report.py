@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt
 import pytest
 
 from dlrm_scale.run_config import load_problem
-from planner.planning import make_plan
-from planner.report import format_plan, plan_figure, rank_list
+from planner.plan.planning import make_plan
+from planner.views.report import format_plan, plan_figure, rank_list
 
 
 @pytest.fixture(scope="module")

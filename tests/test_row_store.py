@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
-from planner.cost_model import rows_bytes, slow_tier_bytes
-from planner.errors import ConfigError
+from planner.cost.cost_model import rows_bytes, slow_tier_bytes
+from planner.spec.errors import ConfigError
 
 
 def stores(tmp_path):

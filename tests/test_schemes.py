@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.schemes import column_split_counts, row_blocks, shard_counts, shard_geometry
-from planner.specs import TableSpec
-from planner.types import ShardingType
+from planner.spec.schemes import column_split_counts, row_blocks, shard_counts, shard_geometry
+from planner.spec.specs import TableSpec
+from planner.spec.types import ShardingType
 from tests.conftest import make_cluster
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from ortools.sat.python import cp_model
 
-from planner.assignment import Assignment, RankLoads, rank_capacities
-from planner.bounds import lower_bound_ms, shard_limited_bound_ms
-from planner.cpsat import ClassModel, packing_cut_value, solver_parameters
-from planner.greedy import choose_options, local_search, pack, rechoose_options
-from planner.placement_rules import RankRules
-from planner.solver import SolverConfig, _probe_caps, probe_target, solve
-from planner.types import Placement
+from planner.search.assignment import Assignment, RankLoads, rank_capacities
+from planner.search.bounds import lower_bound_ms, shard_limited_bound_ms
+from planner.search.cpsat import ClassModel, packing_cut_value, solver_parameters
+from planner.search.greedy import choose_options, local_search, pack, rechoose_options
+from planner.spec.placement_rules import RankRules
+from planner.search.solver import SolverConfig, _probe_caps, probe_target, solve
+from planner.spec.types import Placement
 from tests.conftest import make_cluster, make_problem, table
 from tests.test_solver import brute_force_peak, options_for
 

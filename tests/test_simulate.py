@@ -6,11 +6,11 @@ from dlrm_scale.run_config import ModelConfig
 from dlrm_scale.tools.simulate import dense_cost
 from dlrm_scale.tools.simulate import simulate
 from dlrm_scale.run_record import PHASE_GROUPS
-from planner.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms, host_overhead_ms, row_comm_bytes
-from planner.plan import Plan, table_layout
-from planner.types import ShardingType
-from planner.planning import make_plan
-from planner.scoring import costed_options, rank_times_ms
+from planner.cost.cost_model import AnalyticCostModel, all_reduce_ms, dense_update_ms, host_overhead_ms, row_comm_bytes
+from planner.plan.document import Plan, table_layout
+from planner.spec.types import ShardingType
+from planner.plan.planning import make_plan
+from planner.views.scoring import costed_options, rank_times_ms
 from tests.conftest import make_cluster, make_problem, table
 
 

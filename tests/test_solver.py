@@ -3,15 +3,15 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.assignment import Assignment, RankLoads
-from planner.candidates import enumerate_options
-from planner.cost_model import AnalyticCostModel
-from planner.errors import InfeasiblePlanError
-from planner.phase_balance import phase_loads
-from planner.planning import make_plan
-from planner.solver import SolverConfig, solve
-from planner.specs import TableSpec, TieringSpec
-from planner.types import TIERS, Placement, ShardingType
+from planner.search.assignment import Assignment, RankLoads
+from planner.search.candidates import enumerate_options
+from planner.cost.cost_model import AnalyticCostModel
+from planner.spec.errors import InfeasiblePlanError
+from planner.search.phase_balance import phase_loads
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig, solve
+from planner.spec.specs import TableSpec, TieringSpec
+from planner.spec.types import TIERS, Placement, ShardingType
 from tests.conftest import make_cluster, make_problem, table
 
 
@@ -174,8 +174,8 @@ def test_a_plan_mixes_sharding_types_only_where_their_extra_collectives_pay():
     the hot table row-wise beside table-wise ones costs more a step than all table-wise (a busier
     rank), so the planner keeps one type; with a free collective it mixes them. A constraint
     that leaves a table only row-wise keeps it row-wise."""
-    from planner.constraints import constrain
-    from planner.cost_model import embedding_collectives, sharding_types_ms
+    from planner.spec.config import constrain
+    from planner.cost.cost_model import embedding_collectives, sharding_types_ms
 
     tables = [table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(4)]
 
@@ -200,8 +200,8 @@ def test_a_folded_plan_keeps_the_type_that_gives_the_shortest_step_not_the_most_
     """One hot table split beside five small table-wise ones, at a costly collective: leaving out
     the type the fewest tables use puts the hot table whole on one rank; leaving out table-wise
     instead splits every table and halves the busiest rank. The planner tries both."""
-    from planner.constraints import constrain
-    from planner.cost_model import sharding_types_ms
+    from planner.spec.config import constrain
+    from planner.cost.cost_model import sharding_types_ms
 
     tables = [table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(5)]
     problem = make_problem(tables, make_cluster(ranks_per_node=2, collective_latency_ms=1.0))
@@ -219,7 +219,7 @@ def test_a_folded_plan_keeps_the_type_that_gives_the_shortest_step_not_the_most_
 def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
     """Row-wise, column-wise and table-wise together at no collective cost; at a costly one,
     two re-solves (row-wise left out, then column-wise) leave one type and a shorter step."""
-    from planner.cost_model import embedding_collectives, sharding_types_ms
+    from planner.cost.cost_model import embedding_collectives, sharding_types_ms
 
     tables = [table("hot", 4_000_000, 64, 100.0), table("wide", 200_000, 512, 30.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(6)]
     steps = {}

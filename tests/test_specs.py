@@ -1,7 +1,8 @@
 import pytest
 
-from planner.errors import ConfigError
-from planner.specs import PlanningProblem, TableSpec, TrainingSpec
+from planner.spec.errors import ConfigError
+from planner.spec.problem import PlanningProblem
+from planner.spec.specs import TableSpec, TrainingSpec
 from tests.conftest import make_cluster, table
 
 

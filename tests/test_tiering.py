@@ -11,9 +11,9 @@ from dlrm_scale.tiering.cache import FREQUENCY_MAX, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore
 from dlrm_scale.bridge.resident import resident_plan, resident_tables
 from dlrm_scale.tiering.runtime import TieredShard, check_store_directory
-from planner.plan import Plan, table_layout
-from planner.specs import TableSpec
-from planner.types import ShardingType
+from planner.plan.document import Plan, table_layout
+from planner.spec.specs import TableSpec
+from planner.spec.types import ShardingType
 
 
 def test_resident_plan_shards_each_cached_table_as_its_cache():
@@ -162,7 +162,7 @@ def test_the_compiled_pass_decides_and_moves_exactly_as_the_torch_pass(tmp_path,
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @pytest.mark.parametrize("tier", ["ssd", "ddr"])
 def test_the_planner_counts_the_cache_index_the_cpu_runtime_holds(tmp_path, policy, tier):
-    from planner.cost_model import cache_index_bytes
+    from planner.cost.cost_model import cache_index_bytes
 
     rows, cache_rows, dim = 100_000, 4_000, 8
     store = FileRowStore(rows, dim, 1, tmp_path / "rows.f32") if tier == "ssd" else MemoryRowStore(rows, dim, 1)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from dlrm_scale.tools.launch import run_on_ranks
-from planner.plan import Plan, table_layout
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
-from planner.types import ShardingType
+from planner.plan.document import Plan, table_layout
+from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import ShardingType
 
 pytestmark = pytest.mark.distributed
 

@@ -5,11 +5,11 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from dlrm_scale.bridge.sharding_plan import from_sharding_plan, to_sharding_plan
 from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel, TorchRecEstimates, torchrec_planner_plan
 from dlrm_scale.run_config import load_problem
-from planner.plan import Plan, check_geometry, table_layout
-from planner.planning import make_plan
-from planner.scoring import rank_times_ms
-from planner.solver import SolverConfig
-from planner.types import ShardingType
+from planner.plan.document import Plan, check_geometry, table_layout
+from planner.plan.planning import make_plan
+from planner.views.scoring import rank_times_ms
+from planner.search.solver import SolverConfig
+from planner.spec.types import ShardingType
 from tests.conftest import make_cluster, make_problem, table
 
 SCHEMES = [
@@ -62,7 +62,7 @@ def test_torchrec_cost_model_matches_torchrec_enumerator():
 
 
 def _options(problem, name):
-    from planner.candidates import enumerate_options
+    from planner.search.candidates import enumerate_options
 
     return enumerate_options(problem, TorchRecCostModel(problem))[name]
 
@@ -85,7 +85,7 @@ def test_torchrec_planner_baseline_gives_a_valid_plan():
 
 def test_cached_tables_map_to_torchrec_kernels_with_their_load_factor():
     """On CUDA a cached table keeps FBGEMM's caching kernel and the plan's load factor."""
-    from planner.specs import TableSpec
+    from planner.spec.specs import TableSpec
 
     big, small = TableSpec("big", 10_000, 16), TableSpec("small", 100, 16)
     tables = {
@@ -102,8 +102,8 @@ def test_cached_tables_map_to_torchrec_kernels_with_their_load_factor():
 
 
 def test_scoring_a_cached_plan_charges_its_misses():
-    from planner.cost_model import AnalyticCostModel
-    from planner.specs import TableSpec
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.spec.specs import TableSpec
 
     t = TableSpec("t", 1_000_000, 64, 8.0, zipf_exponent=1.05)
     problem = make_problem([t], make_cluster(ranks_per_node=2, ssd_bytes_per_node=2**40, ssd_latency_us=1.0))

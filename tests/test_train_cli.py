@@ -11,8 +11,8 @@ import pytest
 
 from dlrm_scale.run_config import TrainConfig, parse_comm_precision
 from dlrm_scale.training.lr_schedule import lr_factor
-from planner.errors import ConfigError
-from planner.plan import Plan
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan
 
 
 def torchrun(*args, timeout=180):
@@ -124,8 +124,8 @@ def test_training_on_a_profile_measured_on_another_cpu_says_so_once(tmp_path: Pa
 
 def test_int8_with_row_wise_tables_is_refused(tmp_path: Path):
     from dlrm_scale.run_config import load_problem
-    from planner.plan import Plan, table_layout
-    from planner.types import ShardingType
+    from planner.plan.document import Plan, table_layout
+    from planner.spec.types import ShardingType
 
     problem = load_problem("configs/tiny.yaml")
     tables = {t.name: table_layout(t, ShardingType.ROW_WISE, [0, 1], "ddr") for t in problem.tables}

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.plan import Plan, table_layout
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec, TrainingSpec
-from planner.types import ShardingType
+from planner.plan.document import Plan, table_layout
+from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import ShardingType
 from dlrm_scale.tools.launch import run_on_ranks
 
 pytestmark = pytest.mark.distributed

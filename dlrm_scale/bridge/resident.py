@@ -9,10 +9,10 @@ from dataclasses import replace
 import torch
 from torchrec.distributed.batched_embedding_kernel import BaseBatchedEmbeddingBag
 
-from planner.errors import ConfigError
-from planner.plan import Plan, TablePlan
-from planner.schemes import CACHEABLE
-from planner.specs import TableSpec
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, TablePlan
+from planner.spec.schemes import CACHEABLE
+from planner.spec.specs import TableSpec
 
 CPU_CACHEABLE = tuple(st.value for st in CACHEABLE["cpu"])  # what the planner offers on CPU
 

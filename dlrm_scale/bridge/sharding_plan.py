@@ -8,8 +8,8 @@ from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, KeyValueParams, ParameterSharding, ShardingPlan
 
 from dlrm_scale.bridge.resident import resident_plan
-from planner.plan import Plan, PlannedShard, TablePlan
-from planner.schemes import CACHED_KERNELS, cache_rows
+from planner.plan.document import Plan, PlannedShard, TablePlan
+from planner.spec.schemes import CACHED_KERNELS, cache_rows
 
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 

@@ -28,11 +28,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder
 from dlrm_scale.bridge.sharding_plan import from_sharding_plan
-from planner.cost_model import OptionRequest
-from planner.plan import Plan
-from planner.plan_inputs import PlanInputs
-from planner.specs import ClusterSpec, PlanningProblem, TableSpec
-from planner.types import Perf, ShardCost, ShardingOption, Storage
+from planner.cost.cost_model import OptionRequest
+from planner.plan.document import Plan
+from planner.plan.inputs import PlanInputs
+from planner.spec.specs import ClusterSpec, TableSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import Perf, ShardCost, ShardingOption, Storage
 
 GB_PER_S_TO_BYTES_PER_MS = 1e9 / 1e3
 

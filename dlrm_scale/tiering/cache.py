@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from planner.specs import CACHE_POLICIES
+from planner.spec.specs import CACHE_POLICIES
 
 EMPTY = -1
 MAX_ROWS = 2**31 - 1  # tags are int32

@@ -33,9 +33,9 @@ from dlrm_scale.bridge.resident import embedding_kernels
 from dlrm_scale.kernels.cpu_extension import built, load
 from dlrm_scale.tiering.cache import MAX_ROWS, CacheTooSmallError, SetAssociativeCache
 from dlrm_scale.tiering.store import FileRowStore, MemoryRowStore, open_direct
-from planner.cost_model import slow_tier_bytes
-from planner.errors import ConfigError
-from planner.plan import Plan, PlannedShard
+from planner.cost.cost_model import slow_tier_bytes
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, PlannedShard
 
 CACHE_WAYS = 32  # as FBGEMM's set-associative caches
 FREE_DISK_MARGIN = 1.05  # room for the store files plus 5% (checkpoints copy them elsewhere)

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from dlrm_scale.run_config import STORE_IO
-from planner.cost_model import CPU_SSD_LOG_RECORDS_PER_ROW
-from planner.errors import ConfigError
+from planner.cost.cost_model import CPU_SSD_LOG_RECORDS_PER_ROW
+from planner.spec.errors import ConfigError
 
 RECORD_DTYPE = torch.float32
 CHUNK_ROWS = 1 << 18  # rows initialised, saved or loaded at a time: bounds memory for large files

@@ -9,7 +9,7 @@ Micro-benchmarks, each rank-sized (one thread per rank, as a torchrun rank gets 
 then small generated table mixes trained for real under several plans, whose per-phase times
 refit every constant together (dlrm_scale.tools.fit, what `calibrate --from-runs` does with a
 user's own runs), the micro-benchmarks' values as priors. Fits are least squares on relative
-error of the cost model's own formulas (planner/cost_model.py), so the profile's constants mean
+error of the cost model's own formulas (planner/cost/cost_model.py), so the profile's constants mean
 exactly what the planner uses.
 """
 
@@ -36,12 +36,12 @@ from dlrm_scale.training.data import DEFAULT_ZIPF, ZipfIds
 from dlrm_scale.training.rank_end import end_rank
 from dlrm_scale.tools.kernel_choice import choose_cpu_kernels, time_ms
 from dlrm_scale.tools.store_timing import store_samples_on_ranks
-from planner.specs import GIB
+from planner.spec.specs import GIB
 from dlrm_scale.tools.fit import gb_per_s, nonnegative_lstsq
 from dlrm_scale.tools.refit import refit_from_runs, write_profile, yaml_value
 from dlrm_scale.run_config import this_cpu
-from planner.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
-from planner.errors import ConfigError
+from planner.cost.cost_model import cache_miss_ms, lookup_bwd_ms, lookup_fwd_ms
+from planner.spec.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -270,9 +270,9 @@ def mix_document(mix: tuple, world: int, hardware: str) -> dict:
 def _train_mix(rank: int, world: int, out_dir: str, doc: dict, plan_name: str, hardware: str) -> None:
     from dlrm_scale.run_record import run_from_document
     from dlrm_scale.training.trainer import Trainer
-    from planner.plan import Plan, uniform_plan
-    from planner.planning import make_plan
-    from planner.types import ShardingType
+    from planner.plan.document import Plan, uniform_plan
+    from planner.plan.planning import make_plan
+    from planner.spec.types import ShardingType
 
     run = run_from_document(doc, "calibration mix", hardware)
     box = [None]
@@ -319,7 +319,7 @@ def calibrate_kernels(profile: Path) -> tuple[dict[str, str], dict]:
     """Only the CPU kernel choice, written into an existing profile (its `cpu_kernels` line),
     leaving the fitted constants as they are; so a `store_io` the profile has stays (its store
     constants were fitted reading that way), and is chosen only where it has none."""
-    from planner.config import read_yaml
+    from planner.spec.config import read_yaml
 
     if not profile.is_file():
         raise ConfigError(f"calibrate --kernels-only: {profile} is not a hardware profile; give an existing .yaml")
@@ -369,7 +369,7 @@ def calibrate(out: Path, cfg: CalibrationConfig, name: str | None = None) -> dic
         header = (
             f"# Calibrated by `dlrm-scale calibrate` on {platform.node()} ({os.cpu_count()} cores), "
             f"{datetime.date.today().isoformat()}, {cfg.nproc} ranks over gloo: micro-benchmarks, then every constant\n"
-            "# refitted to the phases of small mixes trained for real (planner/cost_model.py's formulas); samples in the .samples.json.\n"
+            "# refitted to the phases of small mixes trained for real (planner/cost/cost_model.py's formulas); samples in the .samples.json.\n"
         )
         with tempfile.TemporaryDirectory(dir=out.parent) as runs_dir:
             folders = calibration_runs(cfg, out, Path(runs_dir))

@@ -20,9 +20,9 @@ import torch
 from dlrm_scale.training import checkpoint as ckpt
 from dlrm_scale.run_config import ModelConfig
 from dlrm_scale.training.model import TABLE_KEY_PREFIX, build_model
-from planner.cost_model import OPTIMIZER_STATE
-from planner.errors import ConfigError
-from planner.specs import TableSpec
+from planner.cost.cost_model import OPTIMIZER_STATE
+from planner.spec.errors import ConfigError
+from planner.spec.specs import TableSpec
 
 ROW_FILE = re.compile(r"tiered\.(?P<table>.+)\.cols(?P<col>\d+)\.rank\d+\.f32")
 

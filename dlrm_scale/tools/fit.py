@@ -1,6 +1,6 @@
 """Fitting a hardware profile's cost constants to what training runs measured, phase by phase.
 
-Every formula of planner/cost_model.py is linear in each constant it uses (a fixed cost, a
+Every formula of planner/cost/cost_model.py is linear in each constant it uses (a fixed cost, a
 cost per id, row or weight, or bytes over a bandwidth, linear in 1 / bandwidth). So a run's
 predicted time of each phase on each rank is `offset + sum_k theta_k * coefficient_k`, where
 the coefficients come from simulating the run with one constant set to 1 and the others to 0
@@ -32,7 +32,7 @@ import numpy as np
 from dlrm_scale.tools.runs import MeasuredRun
 from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
 from dlrm_scale.tools.simulate import simulate
-from planner.specs import ClusterSpec
+from planner.spec.specs import ClusterSpec
 
 # The constants fitted, by profile key. A bandwidth is fitted as its reciprocal; "link_gb_per_s"
 # stands for the intra- and inter-node links at once (one node measures only one of them).

@@ -11,9 +11,9 @@ import numpy as np
 
 from dlrm_scale.training.criteo import criteo_data
 from dlrm_scale.training.data import SyntheticData, feature_name
-from planner.access_stats import TableAccess, trace_access
-from planner.errors import ConfigError
-from planner.specs import PlanningProblem
+from planner.spec.access_stats import TableAccess, trace_access
+from planner.spec.errors import ConfigError
+from planner.spec.problem import PlanningProblem
 
 MAX_BATCHES = 400  # the LFU replay costs O(batches^2) per table
 

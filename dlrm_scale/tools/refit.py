@@ -9,8 +9,8 @@ from pathlib import Path
 
 from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields
 from dlrm_scale.tools.runs import load_run
-from planner.config import hardware_path, read_yaml
-from planner.errors import ConfigError
+from planner.spec.config import hardware_path, read_yaml
+from planner.spec.errors import ConfigError
 
 
 def yaml_value(value) -> str:

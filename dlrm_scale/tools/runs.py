@@ -13,9 +13,9 @@ from pathlib import Path
 
 from dlrm_scale.run_config import RunConfig
 from dlrm_scale.run_record import PHASE_GROUPS, PHASES, run_from_document
-from planner.config import with_access_stats
-from planner.errors import ConfigError, PlannerError
-from planner.plan import Plan, check_plan_tables
+from planner.spec.config import with_access_stats
+from planner.spec.errors import ConfigError, PlannerError
+from planner.plan.document import Plan, check_plan_tables
 
 WARM_UP_WINDOWS = 1  # the first window pays for first-touch pages and the allocator's growth
 

@@ -16,24 +16,12 @@ from typing import NamedTuple, Sequence
 
 from dlrm_scale.run_config import ModelConfig, TrainConfig
 from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
-from planner.cost_model import (
-    AnalyticCostModel,
-    CostModel,
-    all_reduce_ms,
-    dense_compute_ms,
-    dense_overhead_ms,
-    dense_update_ms,
-    embedding_collectives,
-    hidden_all_reduce_ms,
-    host_overhead_ms,
-    replica_all_reduces,
-    replica_update_ms,
-    value_passes_ms,
-)
-from planner.plan import Plan
-from planner.scoring import costed_options
-from planner.specs import GIB, PlanningProblem, TableSpec
-from planner.types import TIERS, Storage
+from planner.cost.cost_model import AnalyticCostModel, CostModel, all_reduce_ms, dense_compute_ms, dense_overhead_ms, dense_update_ms, embedding_collectives, hidden_all_reduce_ms, host_overhead_ms, replica_all_reduces, replica_update_ms, value_passes_ms
+from planner.plan.document import Plan
+from planner.views.scoring import costed_options
+from planner.spec.specs import GIB, TableSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import TIERS, Storage
 
 @dataclass(frozen=True)
 class RankSimulation:

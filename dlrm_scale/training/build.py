@@ -26,8 +26,8 @@ from dlrm_scale.training.initial_weights import initialise_embeddings
 from dlrm_scale.training.model import EMBEDDING_MODULE_PATH, build_model, table_of_key
 from dlrm_scale.training.phases import PhaseTimer, instrument
 from dlrm_scale.training.table_optimizer import ReplicatedTables, fused_optimizer
-from planner.plan import Plan
-from planner.specs import PlanningProblem
+from planner.plan.document import Plan
+from planner.spec.problem import PlanningProblem
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out synthetic batches: another seed
 

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from planner.errors import PlannerError
+from planner.spec.errors import PlannerError
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception

@@ -27,8 +27,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm_scale.training.data import feature_name
-from planner.errors import ConfigError
-from planner.specs import TableSpec
+from planner.spec.errors import ConfigError
+from planner.spec.specs import TableSpec
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

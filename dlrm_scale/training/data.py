@@ -16,7 +16,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from planner.specs import TableSpec
+from planner.spec.specs import TableSpec
 
 DEFAULT_ZIPF = 1.05
 MAX_POOLING = 256

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from dlrm_scale import options
 from dlrm_scale.run_config import CheckpointConfig, Overrides, RunConfig, load_run_config
-from planner.errors import ConfigError
-from planner.plan import Plan, check_plan_inputs, check_plan_tables
-from planner.plan_inputs import PlanInputs
-from planner.schemes import TRAINABLE_EMBEDDING_OPTIMIZERS, check_precisions_trainable
+from planner.spec.errors import ConfigError
+from planner.plan.document import Plan, check_plan_inputs, check_plan_tables
+from planner.plan.inputs import PlanInputs
+from planner.spec.schemes import TRAINABLE_EMBEDDING_OPTIMIZERS, check_precisions_trainable
 
 DESCRIPTION = """Training entry point, launched with torchrun:
 

@@ -13,9 +13,9 @@ from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.host_group import host_group
 from dlrm_scale.run_record import PHASES
 from dlrm_scale.training.phases import PhaseTimer
-from planner.comm_volume import embedding_comm_bytes
-from planner.plan import Plan
-from planner.specs import TrainingSpec
+from planner.views.comm_volume import embedding_comm_bytes
+from planner.plan.document import Plan
+from planner.spec.specs import TrainingSpec
 
 
 def resident_bytes() -> tuple[int, int]:

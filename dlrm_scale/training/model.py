@@ -12,8 +12,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from dlrm_scale.training.data import feature_name
 from dlrm_scale.kernels.interaction import DotInteraction
 from dlrm_scale.run_config import ModelConfig
-from planner.errors import ConfigError
-from planner.specs import TableSpec
+from planner.spec.errors import ConfigError
+from planner.spec.specs import TableSpec
 
 # Where DistributedModelParallel finds the embedding collection inside DLRMTrain.
 EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"

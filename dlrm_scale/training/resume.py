@@ -11,10 +11,10 @@ import torch.distributed as dist
 from dlrm_scale.run_config import CheckpointConfig
 from dlrm_scale.training import checkpoint as ckpt
 from dlrm_scale.training.host_group import host_group
-from planner.diff import diff_plans
-from planner.errors import PlannerError
-from planner.plan import Plan
-from planner.specs import GIB
+from planner.views.diff import diff_plans
+from planner.spec.errors import PlannerError
+from planner.plan.document import Plan
+from planner.spec.specs import GIB
 
 NO_BAD_STEP = 2**62
 

@@ -21,7 +21,7 @@ from dlrm_scale.training.metrics import MetricsLog, WindowReport
 from dlrm_scale.training.phases import step_runner
 from dlrm_scale.training.prefetch import batch_source
 from dlrm_scale.training.resume import NO_BAD_STEP, Checkpoints
-from planner.plan import Plan
+from planner.plan.document import Plan
 
 
 class Trainer:

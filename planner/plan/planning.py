@@ -1,0 +1,174 @@
+"""The planner's one entry point: specs in, plan out."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from planner.search.assignment import RankLoads
+from planner.cost.step import rank_perf_storage
+from planner.search.candidates import enumerate_options
+from planner.cost.capacity import check_capacity
+from planner.search.bounds import step_lower_bound_ms
+from planner.search.colocation import Colocated, colocate
+from planner.cost.cost_model import AnalyticCostModel, CostModel, sharding_types_ms
+from planner.spec.errors import InfeasiblePlanError
+from planner.search.phase_balance import balance_phases, barrier_step_ms
+from planner.plan.document import Plan, PlannedShard, RankPlan, TablePlan
+from planner.spec.placement_rules import RankRules
+from planner.plan.inputs import PlanInputs
+from planner.spec.schemes import cache_rows
+from planner.search.solver import Solution, SolverConfig, solve
+from planner.spec.specs import ClusterSpec, TableSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import ShardingOption
+
+# The solver always gets at least this share of the time limit, however long costing took.
+MIN_SOLVER_SHARE = 0.2
+# Re-solves with one sharding type fewer (fewer_sharding_types): at most this many, each with
+# this share of the time limit; only plans that closed their gap get them. Five: three types
+# (each left out once), then the two left.
+MAX_TYPE_RESOLVES = 5
+TYPE_RESOLVE_SHARE = 0.2
+# Balancing the phases may raise the busiest rank up to this far above the proven bound where
+# that shortens the step: a plan that close is as good as proven (the cost model's own error is
+# ~10%). On 2 ranks, 1% let it shorten the embeddings' step by 5-8% where no slack left 0-1%.
+PHASE_SLACK = 0.01
+# The solver's wall clock ends this share of its time early, for balancing (where it stops on its
+# deterministic budget or a closed gap, it leaves that much anyway). Without the reserve, a solve that ran to the wall clock
+# left its plan unbalanced (MLPerf's 26 multi-hot tables on 8 ranks, 2-core machine: embeddings'
+# step +15.4% over the bound; with it +12.8%, the busiest rank +0.80% -> +0.90%).
+PHASE_BALANCE_SHARE = 0.2
+# Balancing's own budget, in CP-SAT's deterministic seconds per second of the time limit: it
+# stops on it (the same plan on any machine), the wall clock the solver left only a safety net.
+# Half the wall reserve: a deterministic second took up to 2 s of wall clock on a 2-core machine,
+# and 0.2 let 1,000 tables on 128 ranks run 3 s of stale rounds past 10 s.
+PHASE_BALANCE_DETERMINISTIC_SHARE = 0.1
+
+
+def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, config: SolverConfig | None = None) -> Plan:
+    """Cost every candidate, then solve; `config.time_limit_s` bounds the two together.
+
+    Cached options are offered to the solver only when the tables do not fit with every row
+    in device memory: a cached shard is never faster than the same shard uncached, so they
+    matter only for memory, and without them the search space stays as small as it can be.
+    """
+    start = time.monotonic()
+    config = config or SolverConfig()
+    cost_model = cost_model or AnalyticCostModel(problem.cluster, problem.training)
+    attempts = [problem]
+    if problem.tiering.enabled:  # costing cached options takes time too: only when needed
+        attempts.insert(0, replace(problem, tiering=replace(problem.tiering, enabled=False)))
+    constraints = problem.constraints
+    rules = constraints.rank_rules([t.name for t in problem.tables]) if constraints is not None else RankRules()
+    for i, attempt in enumerate(attempts):
+        try:
+            search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
+            left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
+            solution, closed = _solve(search, search.options_by_table, problem.cluster, config, left)
+            solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
+            break
+        except InfeasiblePlanError:
+            if i == len(attempts) - 1:
+                raise
+    step_bound_ms = step_lower_bound_ms(search.options_by_table, problem.cluster.world_size, solution.lower_bound_ms,
+                                        lambda types: sharding_types_ms(types, problem.cluster))
+    plan = plan_from_solution(solution, problem, cost_model.name, (_step_ms(solution, problem.cluster), step_bound_ms))
+    check_capacity([r.memory for r in plan.ranks], problem.cluster)
+    return plan
+
+
+def _solve(search: Colocated, options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec,
+           config: SolverConfig, seconds: float) -> tuple[Solution, bool]:
+    """Solve, then balance the plan's phases (PHASE_BALANCE_DETERMINISTIC_SHARE of the time
+    limit, within the time the solver left); and whether the solve closed its gap (before
+    balancing, which may use PHASE_SLACK). A solver that runs to the wall clock stops that share
+    early, so that its plan is balanced too."""
+    deadline_s = time.monotonic() + seconds
+    world = cluster.world_size
+    reserve_s = PHASE_BALANCE_SHARE * seconds if world > 1 else 0.0
+    solution = solve(options_by_table, cluster, config, deadline_s - reserve_s, search.rules)
+    before_ms = barrier_step_ms(solution.assignment, world)
+    balanced = balance_phases(solution.assignment.copy(), cluster, solution.lower_bound_ms * (1 + PHASE_SLACK),
+                              PHASE_BALANCE_DETERMINISTIC_SHARE * config.time_limit_s, deadline_s, config.seed, search.rules)
+    changed = barrier_step_ms(balanced, world) < before_ms
+    return replace(solution, assignment=search.expand(balanced), max_rank_ms=float(RankLoads.of(balanced, world).ms.max()),
+                   method=solution.method + ("+phases" if changed else "")), solution.gap <= config.target_gap
+
+
+def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
+    """The step the plan's embeddings take (each phase waits for its busiest rank) plus the
+    fixed cost of the sharding types it uses."""
+    return (barrier_step_ms(solution.assignment, cluster.world_size)
+            + sharding_types_ms((o.sharding_type for o in solution.assignment.choice.values()), cluster))
+
+
+def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution, closed: bool,
+                         deadline_s: float) -> Solution:
+    """Each sharding type a plan uses runs collectives of its own (three embedding collectives
+    per sharded type, an all-reduce for the replicated tables), a fixed cost on every rank that
+    no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
+    Where a plan whose solve closed its gap (`closed`) mixes types, re-solve once with each type
+    left out in turn (tables with no other option keep theirs, no new type comes in) and keep the
+    re-solve with the shortest step, its barrier step plus that fixed cost, while that improves,
+    within MAX_TYPE_RESOLVES and the time limit left (`deadline_s`: a re-solve starts only where its
+    whole share is left; 1,000 tables on 128 ranks ran 0.7 s past the limit with the last re-solve
+    squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
+    table row-wise beside five table-wise ones is better all row-wise than all table-wise where
+    the hot table alone outweighs the rest (mix1 of benchmarks/costmodel_bench.py, by 4% in the
+    model; tiny.yaml all data-parallel, 9% measured). The bound stays the first solve's: a valid
+    bound on every plan's busiest rank."""
+    resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
+    best, resolves = solution, 0
+    while closed:
+        used = Counter(o.sharding_type for o in best.assignment.choice.values())
+        tried = []
+        for drop in sorted(used, key=lambda t: (used[t], t.value)) if len(used) > 1 else ():
+            allowed = set(used) - {drop}
+            if sharding_types_ms(used, cluster) - sharding_types_ms(allowed, cluster) <= config.target_gap * best.max_rank_ms:
+                continue
+            if resolves == MAX_TYPE_RESOLVES or deadline_s - time.monotonic() < resolve.time_limit_s:
+                break  # a re-solve starts only with its whole share left: one squeezed in ran past the limit
+            options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
+            resolves += 1
+            try:
+                tried.append(_solve(search, options, cluster, resolve, resolve.time_limit_s))
+            except InfeasiblePlanError:
+                continue
+        if not tried:
+            break
+        candidate, candidate_closed = min(tried, key=lambda pair: _step_ms(pair[0], cluster))
+        if _step_ms(candidate, cluster) >= _step_ms(best, cluster) * (1 - config.target_gap):
+            break
+        closed = candidate_closed  # against its own, restricted, problem
+        best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
+                       seconds=best.seconds + sum(c.seconds for c, _ in tried))
+    return best
+
+
+def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec) -> TablePlan:
+    """How a plan writes `option` with its shards on `ranks`."""
+    cached = option.cache_fraction < 1.0
+    shards = tuple(PlannedShard(rank, g.row_offset, g.col_offset, g.rows, g.cols, option.tier,
+                                cache_rows(g.rows, option.cache_fraction) if cached else 0)
+                   for g, rank in zip(option.geometries, ranks))
+    return TablePlan(option.sharding_type.value, option.compute_kernel, table.num_embeddings, table.embedding_dim,
+                     shards, option.cache_fraction if cached else None)
+
+
+def plan_from_solution(solution: Solution, problem: PlanningProblem, cost_model: str,
+                       step: tuple[float, float] | None = None) -> Plan:
+    """The plan of a solution: each table's shards on their ranks, each rank's predicted time
+    and bytes (the sums of its shards'), the inputs it was made for, and `step`: the step the
+    search minimised and its proven bound, where the search gave them."""
+    world = problem.cluster.world_size
+    choice, shard_ranks = solution.assignment.choice, solution.assignment.shard_ranks
+    tables = {t.name: option_layout(choice[t.name], shard_ranks[t.name], t) for t in problem.tables}
+    perf, memory = rank_perf_storage(((choice[t.name], shard_ranks[t.name]) for t in problem.tables), world)
+    rank_plans = tuple(RankPlan(r, perf[r], memory[r]) for r in range(world))
+    return Plan(world_size=world, ranks_per_node=problem.cluster.ranks_per_node, tables=tables, ranks=rank_plans,
+                max_rank_ms=max(r.predicted_ms for r in rank_plans), lower_bound_ms=solution.lower_bound_ms,
+                cost_model=cost_model, solver=solution.method, solve_seconds=solution.seconds,
+                inputs=PlanInputs.of(problem), step=step)

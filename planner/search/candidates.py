@@ -1,0 +1,123 @@
+"""Candidate sharding options per table: every scheme and shard count worth trying, costed.
+
+Tables with the same shape and access pattern are costed once (a model often has hundreds
+of look-alike tables), and options whose largest shard cannot fit on any rank are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.spec.access_stats import TableAccess, table_access
+from planner.cost.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
+from planner.spec.errors import InfeasiblePlanError
+from planner.spec.schemes import CACHEABLE, ROW_SCHEMES, compute_kernel_for, shard_counts, shard_geometry
+from planner.spec.specs import ClusterSpec, TableSpec, TieringSpec
+from planner.spec.problem import PlanningProblem
+from planner.spec.types import TIERS, ShardingOption, ShardingType
+
+MIN_CACHE_BATCHES = 2  # smaller caches evict rows the same batch needs (and overflow)
+
+
+def worth_caching(table: TableSpec, problem: PlanningProblem) -> bool:
+    """Whether cached options are offered for `table`: tiering is on, a slower tier exists, and
+    the table is large against device memory or its constraints keep its rows off the device."""
+    cluster, tiering = problem.cluster, problem.tiering
+    if not (tiering.enabled and cluster.backing_tiers):
+        return False
+    if problem.constraints is not None and problem.constraints.excludes_tier(table.name, cluster.device_tier):
+        return True
+    fast = cluster.capacity_bytes_per_rank(cluster.device_tier)
+    size = rows_bytes(table.num_embeddings, table.embedding_dim, problem.training.embedding_optimizer)
+    return size > tiering.min_table_fraction * fast
+
+
+def option_requests(
+    table: TableSpec,
+    cluster: ClusterSpec,
+    int8_comms: bool = False,
+    access: TableAccess | None = None,
+    tiering: TieringSpec | None = None,
+    batch_size_per_rank: int = 0,
+) -> list[OptionRequest]:
+    """Every scheme and shard count with all rows in the device tier; and, given `access`
+    and `tiering`, each cacheable one again per backing tier and cache load factor, when the
+    cache holds MIN_CACHE_BATCHES steps' distinct rows."""
+    problem_batch = batch_size_per_rank * cluster.world_size
+    requests = []
+    for sharding_type in ShardingType:
+        for n in shard_counts(table, sharding_type, cluster, int8_comms):
+            geometries = tuple(shard_geometry(table, sharding_type, n))
+            requests.append(OptionRequest(table, sharding_type, compute_kernel_for(sharding_type), cluster.device_tier, geometries))
+            if access is None or tiering is None or sharding_type not in CACHEABLE[cluster.device]:
+                continue
+            # ids one shard sees per step; a cache must hold a step's distinct rows twice over
+            ids = problem_batch * table.pooling_factor / (n if sharding_type in ROW_SCHEMES else 1)
+            for tier in cluster.backing_tiers:
+                for fraction in tiering.load_factors:
+                    if fraction * min(g.rows for g in geometries) < MIN_CACHE_BATCHES * ids * access.unique_ratio:
+                        continue
+                    requests.append(cached_request(table, sharding_type, geometries, tier, fraction, access, tiering.policy))
+    return requests
+
+
+def _signature(table: TableSpec, access: TableAccess | None) -> tuple:
+    return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent, access)
+
+
+def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
+    largest = option.shard_bytes.max(axis=0)
+    return all(int(largest[i]) <= cluster.capacity_bytes_per_rank(tier) for i, tier in enumerate(TIERS))
+
+
+def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:
+    """Costed options per table name, in the order of `problem.tables`.
+
+    Raises InfeasiblePlanError naming the first table none of whose options fits on a rank.
+    """
+    cluster = problem.cluster
+    int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
+    accesses = {t.name: table_access(t, problem) if worth_caching(t, problem) else None for t in problem.tables}
+    representative: dict[tuple, TableSpec] = {}
+    for table in problem.tables:
+        representative.setdefault(_signature(table, accesses[table.name]), table)
+    requests, owners = [], []
+    for sig, table in representative.items():
+        for req in option_requests(table, cluster, int8, sig[-1], problem.tiering, problem.training.batch_size_per_rank):
+            requests.append(req)
+            owners.append(sig)
+    costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}
+    for sig, option in zip(owners, cost_model.estimate(requests)):
+        costed[sig].append(option)
+
+    result = {}
+    for table in problem.tables:
+        sig = _signature(table, accesses[table.name])
+        options = [o for o in costed[sig] if fits_one_rank(o, cluster)]
+        if not options:
+            _raise_too_large(table, costed[sig], cluster)
+        if problem.constraints is not None:
+            options = problem.constraints.allowed(table.name, options)
+        result[table.name] = [o if o.table == table.name else replace(o, table=table.name) for o in options]
+    return result
+
+
+def _raise_too_large(table: TableSpec, options: list[ShardingOption], cluster: ClusterSpec) -> None:
+    caps = [cluster.capacity_bytes_per_rank(t) for t in TIERS]
+
+    def overflow(option: ShardingOption) -> tuple[float, int]:
+        """The option's worst tier, as need / capacity of its largest shard."""
+        largest = option.shard_bytes.max(axis=0)
+        ratios = [largest[i] / caps[i] if caps[i] else (float("inf") if largest[i] else 0.0) for i in range(len(TIERS))]
+        worst = max(range(len(TIERS)), key=lambda i: ratios[i])
+        return ratios[worst], worst
+
+    smallest = min(options, key=lambda o: overflow(o)[0])
+    tier_index = overflow(smallest)[1]
+    need = int(smallest.shard_bytes.max(axis=0)[tier_index])
+    tier = TIERS[tier_index]
+    raise InfeasiblePlanError(
+        f"table '{table.name}' does not fit: its smallest shard ({smallest.label}) needs {need:,} bytes of "
+        f"{tier} but a rank has {caps[tier_index]:,}; add ranks (--world-size), give more memory per rank, "
+        f"or reduce num_embeddings/embedding_dim"
+    )

@@ -1,0 +1,145 @@
+"""The step as the machine runs it: each collective is a barrier, so every phase of a step
+waits for its slowest rank, and a step takes the sum over phases of each phase's busiest rank
+(dlrm_scale.tools.simulate prices a run the same way).
+
+The solver minimises the busiest rank's summed time, a lower bound of that step and what its
+proofs are about. Among placements with nearly the same busiest rank, though, one that puts the
+compute-heavy tables on one rank and the comms-heavy ones on another waits at every barrier:
+12 tables on 2 ranks (costmodel_bench's mix 5) had placements within 0.02% of the same busiest
+rank whose embedding steps were 25.5 and 20.8 ms. `balance_phases` re-places the free shards
+to shorten the step, every rank's total kept under a cap the planner sets (planning.PHASE_SLACK).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from planner.search.assignment import Assignment, RankLoads, rank_capacities
+from planner.search.cpsat import solver_parameters
+from planner.spec.placement_rules import RankRules
+from planner.search.repair import free_shards, hint_placement, limit_memory, placement_vars
+from planner.spec.specs import ClusterSpec
+from planner.cost.step import PHASES, perf_phase_ms, shard_phase_ms, step_ms
+
+# Ranks re-placed together in one CP-SAT model: all of them up to this many; on larger
+# clusters, each phase's busiest rank and the ranks least loaded in it, round after round.
+NEIGHBOURHOOD_RANKS = 8
+STALE_ROUNDS = 8  # rounds in a row that found nothing shorter, then stop
+MIN_GAIN = 1e-3  # a round counts when it shortens the step by this fraction: finer gains are far inside the model's error
+ROUND_DETERMINISTIC_S = 0.2
+TICKS_PER_PEAK = 1_000_000  # time resolution of the model: a millionth of the busiest rank
+
+
+def phase_loads(assignment: Assignment, world_size: int) -> np.ndarray:
+    """Each rank's time in each phase (rows: ranks, columns: PHASES)."""
+    loads = np.zeros((world_size, len(PHASES)))
+    for table, option in assignment.choice.items():
+        np.add.at(loads, assignment.shard_ranks[table], shard_phase_ms(option))
+        loads += perf_phase_ms(option.every_rank)
+    return loads
+
+
+def barrier_step_ms(assignment: Assignment, world_size: int) -> float:
+    """step_ms of a placement."""
+    return step_ms(phase_loads(assignment, world_size))
+
+
+def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, budget_s: float, deadline_s: float,
+                   seed: int = 0, rules: RankRules = RankRules()) -> Assignment:
+    """`assignment` with its free (any-rank) shards re-placed by CP-SAT to shorten the barrier
+    step, a few ranks at a time, each rank's total at most `cap_ms` (or the busiest rank's as
+    it was, if more); memory and the placement rules kept. Options, spread and node-bound
+    shards stay. A round is kept only when the step, recomputed exactly, got MIN_GAIN shorter. Changes
+    `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
+    depends on the input only; the wall-clock `deadline_s` is a safety net for a slow machine
+    (a wall-clock limit of its own made two plans of one problem differ, round counts apart)."""
+    world = cluster.world_size
+    if world < 2:
+        return assignment
+    rng = np.random.default_rng(seed)
+    peak_ms = max(cap_ms, float(RankLoads.of(assignment, world).ms.max()))
+    unit_ms = peak_ms / TICKS_PER_PEAK
+    stale, spent_s = 0, 0.0
+    while stale < STALE_ROUNDS and spent_s < budget_s and time.monotonic() < deadline_s:
+        loads = phase_loads(assignment, world)
+        if step_ms(loads) <= loads.sum(axis=1).max() * (1 + MIN_GAIN):
+            break  # the step is the busiest rank's: no phase waits for another rank
+        ranks = _neighbourhood(loads, rng)
+        placed, round_s = _replace(assignment, ranks, loads, cluster, peak_ms, unit_ms,
+                                   min(ROUND_DETERMINISTIC_S, budget_s - spent_s), deadline_s, seed, rules)
+        spent_s += round_s
+        if placed is not None:
+            trial = assignment.copy()
+            for table, i, rank in placed:
+                trial.shard_ranks[table][i] = rank
+            trial_loads = phase_loads(trial, world)
+            if (step_ms(trial_loads) < step_ms(loads) * (1 - MIN_GAIN)
+                    and trial_loads.sum(axis=1).max() <= peak_ms * (1 + 1e-6)):
+                assignment.shard_ranks.update(trial.shard_ranks)
+                stale = 0
+                continue
+        if len(ranks) == world:
+            break  # every rank was in the model: another round would solve the same one
+        stale += 1
+    return assignment
+
+
+def _neighbourhood(loads: np.ndarray, rng: np.random.Generator) -> list[int]:
+    """Each phase's busiest rank, then the ranks least loaded in those phases, then random ones."""
+    world = loads.shape[0]
+    if world <= NEIGHBOURHOOD_RANKS:
+        return list(range(world))
+    ranks = list(dict.fromkeys(int(r) for r in np.argmax(loads, axis=0)))
+    for r in np.argsort(loads.sum(axis=1), kind="stable"):
+        if len(ranks) >= NEIGHBOURHOOD_RANKS - 2:
+            break
+        if int(r) not in ranks:
+            ranks.append(int(r))
+    rest = [r for r in range(world) if r not in ranks]
+    ranks += [int(r) for r in rng.choice(rest, size=NEIGHBOURHOOD_RANKS - len(ranks), replace=False)]
+    return sorted(ranks)
+
+
+def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluster: ClusterSpec, cap_ms: float, unit_ms: float,
+             budget_s: float, deadline_s: float, seed: int, rules: RankRules) -> tuple[list[tuple[str, int, int]] | None, float]:
+    """The free shards on `ranks` placed among them to minimise the sum over phases of each
+    phase's busiest rank (the ranks left out counting as they are), None if CP-SAT found none;
+    and the deterministic seconds it spent."""
+    items = free_shards(assignment, ranks)
+    if not items:
+        return None, 0.0
+    vectors = [shard_phase_ms(assignment.choice[t])[i] for t, i in items]
+    base = {r: loads[r].copy() for r in ranks}
+    used = RankLoads.of(assignment, cluster.world_size).bytes
+    base_bytes = {r: used[r].copy() for r in ranks}
+    for (t, i), v in zip(items, vectors):
+        r = assignment.shard_ranks[t][i]
+        base[r] -= v
+        base_bytes[r] -= assignment.choice[t].shard_bytes[i]
+    ticks = lambda ms: int(round(ms / unit_ms))  # noqa: E731
+    model = cp_model.CpModel()
+    x = placement_vars(model, items, ranks, assignment, rules)
+    phase = [[ticks(v[g]) for v in vectors] for g in range(len(PHASES))]
+    total = [sum(p[j] for p in phase) for j in range(len(items))]
+    # in the model's own rounding the placement as it is stays feasible
+    rank_total = {r: sum(ticks(base[r][g]) for g in range(len(PHASES))) + sum(total[j] for j, (t, i) in enumerate(items)
+                                                                         if assignment.shard_ranks[t][i] == r) for r in ranks}
+    cap = max(max(rank_total.values()), ticks(cap_ms))
+    outside = np.delete(loads, ranks, axis=0).max(axis=0, initial=0.0)
+    top = [model.NewIntVar(ticks(outside[g]), cap, f"top{g}") for g in range(len(PHASES))]
+    caps = rank_capacities(cluster)
+    for r in ranks:
+        model.Add(sum(ticks(base[r][g]) for g in range(len(PHASES))) + sum(total[j] * x[j, r] for j in range(len(items))) <= cap)
+        for g in range(len(PHASES)):
+            model.Add(ticks(base[r][g]) + sum(phase[g][j] * x[j, r] for j in range(len(items)) if phase[g][j]) <= top[g])
+        limit_memory(model, x, items, r, assignment, caps, base_bytes[r])
+    hint_placement(model, x, items, ranks, assignment)
+    model.Minimize(sum(top))
+    solver = solver_parameters(budget_s, deadline_s - time.monotonic(), seed)
+    placed = None
+    if solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        placed = [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)]
+    return placed, solver.deterministic_time
