@@ -58,7 +58,7 @@ def gap_row(name, kind, ranks, seed, with_torchrec, time_limit_s):
     ours = float(rank_times_ms(plan, problem, model).max())
     row = {"workload": name, "tables": len(problem.tables), "ranks": ranks, "ours_ms": ours, "proven_bound_ms": plan.lower_bound_ms,
            "ours_vs_proven": ours / plan.lower_bound_ms - 1, "solver": plan.solver, "ours_plan_s": seconds,
-           # the embeddings' step, each phase waiting for its busiest rank (planner.phase_balance)
+           # the embeddings' step, each phase waiting for its busiest rank (planner.search.phase_balance)
            "ours_step_vs_proven": rank_step_ms(rank_breakdown(plan, problem, model)[0]) / plan.lower_bound_ms - 1}
     if with_torchrec:
         doc, tr_seconds, error = run_torchrec_planner(functools.partial(held_out, kind, ranks, seed), 600)

@@ -1,7 +1,7 @@
 """Tiering benchmark: hit-rate curves, training with rows 4x and 10x the fast memory, exactness.
 
 1. curves: for Zipf exponents 0.8, 1.05 and 1.2, the hit-rate curves `dlrm-scale profile`
-   computes (planner.access_stats: batch-granular LRU stack distances, LFU by request counts)
+   computes (planner.spec.access_stats: batch-granular LRU stack distances, LFU by request counts)
    against a replay of the same trace through the cache the trainer uses
    (dlrm_scale.tiering.cache, 32-way set-associative), at several cache sizes; also the Zipf
    formulas the planner falls back on without a profile, against a steady-state replay.
@@ -105,7 +105,7 @@ VARIANTS = (
 )
 DIRECT = ("10x_direct", 1.05, "lru", 0.1)  # O_DIRECT: disk speed, a short run
 # bench_tiered.yaml: 1.2 GiB of fast memory, 1.05 for caches of 25% and their buffers, 0.15 for the
-# caches' index (planner.cost_model.cache_index_bytes: 0.09-0.13 GiB in these variants)
+# caches' index (planner.cost.cost_model.cache_index_bytes: 0.09-0.13 GiB in these variants)
 INDEX_GIB = 0.15
 DDR_GIB_PER_LOAD_FACTOR = 1.05 / 0.25
 
@@ -222,7 +222,7 @@ def resident_overhead(plan: Plan, policy: str, rounds: list[tuple[int, int]]) ->
     run's of the same round less its rows (both keep the same model, TorchRec and buffers);
     the median over the rounds, and their range. Anonymous: a mapped store's file pages are
     the page cache's, which the pread store uses as much without mapping it. Beside it, what
-    the planner counts for the caches' index (planner.cost_model.cache_index_bytes)."""
+    the planner counts for the caches' index (planner.cost.cost_model.cache_index_bytes)."""
     shards = [s for t in plan.tables.values() for s in t.shards]
     rows = sum(s.rows for s in shards) / plan.world_size
     row_bytes = sum(rows_bytes(s.rows, s.cols, OPTIMIZER) for s in shards) / plan.world_size

@@ -3,7 +3,7 @@ flags, so each setting has one home and one check.
 
 A config's sections, each owned by one validated dataclass:
   hardware, cluster, training, tables | tables_csv, tiering -> the planner's PlanningProblem
-      (planner.config); the per-rank batch size lives in training.batch_size_per_rank only
+      (planner.spec.config); the per-rank batch size lives in training.batch_size_per_rank only
   model -> ModelConfig;  train -> TrainConfig
 Flags come in as `Overrides`, merged once, here. A key no section reads is refused.
 """
@@ -302,7 +302,7 @@ def measured_elsewhere(hardware: Any) -> str | None:
 def load_problem(config_path: str | Path | None = None, tables_csv: str | Path | None = None, hardware: str | None = None,
                  cluster_overrides: dict[str, Any] | None = None, training_overrides: dict[str, Any] | None = None,
                  stats_path: str | Path | None = None) -> PlanningProblem:
-    """The planner's problem of a dlrm-scale config (planner.config.load_problem, with this
+    """The planner's problem of a dlrm-scale config (planner.spec.config.load_problem, with this
     module's sections allowed beside the planner's): for benchmarks and notebooks."""
     return planner_load_problem(config_path, tables_csv, hardware, cluster_overrides, training_overrides, stats_path,
                                 other_sections=RUN_SECTIONS)

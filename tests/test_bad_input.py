@@ -336,7 +336,7 @@ CASES = [
      "checkpoint {t}/step_000000005 is partial (no COMPLETE marker); remove it or resume from another"),
     ("export of a checkpoint without a manifest", lambda t: export(checkpoint_dir(t, True, '{"step": 5}'), t),
      "checkpoint {t}/step_000000005 is damaged (it has no MANIFEST.json); export another"),
-    # a plan made for another run (planner.plan_inputs)
+    # a plan made for another run (planner.plan.inputs)
     ("plan for another batch", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE.replace("8}", "16}") + TABLE)[1], "p.json"),
      "p.json does not fit this run: it was made for batch_size_per_rank 8, this run has 16; re-plan for it with 'dlrm-scale plan'"),
     ("plan for other comms", lambda t: check_plan_inputs(plan_for(t)[0], plan_for(t, BASE.replace("8}", "8, fwd_comm_precision: fp16}") + TABLE)[1], "p.json"),

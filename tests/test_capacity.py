@@ -67,7 +67,7 @@ def test_a_planner_bug_is_one_line_exit_3_and_no_plan_written(tmp_path):
     config.write_text(ISSUE_CONFIG)
     out = tmp_path / "plan.json"
     script = (
-        "import sys, planner.planning as p, planner.capacity as c\n"
+        "import sys, planner.plan.planning as p, planner.cost.capacity as c\n"
         "p.check_capacity = lambda mem, cluster: c.check_capacity(mem, __import__('dataclasses').replace(cluster, ddr_bytes_per_node=1))\n"
         "from dlrm_scale.cli import main\n"
         f"sys.exit(main(['plan', {str(config)!r}, '--out', {str(out)!r}]))\n"

@@ -1,6 +1,6 @@
-"""The configuration LP (planner.pattern_lp): never refutes a cap a plan meets, refutes every cap
+"""The configuration LP (planner.search.pattern_lp): never refutes a cap a plan meets, refutes every cap
 under the shard-limited bound, and more where whole shards cannot share ranks evenly; its
-fractional plans seed the search (planner.solver._pattern_stage)."""
+fractional plans seed the search (planner.search.solver._pattern_stage)."""
 
 import math
 import time

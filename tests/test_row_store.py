@@ -114,7 +114,7 @@ def test_a_store_the_disk_has_no_room_for_is_one_line(tmp_path):
         import resource, signal
         from pathlib import Path
         from dlrm_scale.tiering.store import FileRowStore
-        from planner.errors import ConfigError
+        from planner.spec.errors import ConfigError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
         try:

@@ -1,6 +1,6 @@
 """TorchRec's own estimators behind our interfaces, and TorchRec's planner as a baseline.
 
-- `TorchRecCostModel` implements planner.cost_model.CostModel with TorchRec's
+- `TorchRecCostModel` implements planner.cost.cost_model.CostModel with TorchRec's
   EmbeddingPerfEstimator and EmbeddingStorageEstimator, so our search and TorchRec's can be
   compared on equal terms (`dlrm-scale plan --cost-model torchrec`).
 - `torchrec_planner_plan` runs TorchRec's EmbeddingShardingPlanner on the same inputs.
@@ -18,9 +18,9 @@ import torchrec.distributed.planner.constants as torchrec_constants
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.planner.types import Shard as TRShard
-from torchrec.distributed.planner.types import ShardingOption as TRShardingOption
+from torchrec.distributed.planner.spec.types import ParameterConstraints
+from torchrec.distributed.planner.spec.types import Shard as TRShard
+from torchrec.distributed.planner.spec.types import ShardingOption as TRShardingOption
 from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -38,7 +38,7 @@ from planner.spec.types import Perf, ShardCost, ShardingOption, Storage
 GB_PER_S_TO_BYTES_PER_MS = 1e9 / 1e3
 
 # TorchRec's planner logs a long report at INFO and warns about topologies built by hand.
-for _name in ("torchrec.distributed.planner", "torchrec.distributed.planner.types", "root"):
+for _name in ("torchrec.distributed.planner", "torchrec.distributed.planner.spec.types", "root"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 

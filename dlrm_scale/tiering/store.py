@@ -194,7 +194,7 @@ def _reserve(fd: int, size: int, path: Path) -> None:
 class FileRowStore(MemoryRowStore):
     """Records in a base file plus an append-only log of written-back rows (the SSD tier).
 
-    `log_rows` bounds the log (default: planner.cost_model.CPU_SSD_LOG_RECORDS_PER_ROW records a
+    `log_rows` bounds the log (default: planner.cost.cost_model.CPU_SSD_LOG_RECORDS_PER_ROW records a
     row, which the planner and the store directory's check count on disk); the index costs 4
     bytes per row in memory.
     """

@@ -302,7 +302,7 @@ def calibration_runs(cfg: CalibrationConfig, profile: Path, directory: Path) -> 
 
 def fit_store(samples: list[dict], optimizer: str) -> dict[str, float]:
     """cache_id_ns from the all-hit batches, then ssd_gb_per_s and ssd_latency_us of
-    planner.cost_model.cache_miss_ms from what misses add, at two row widths (the
+    planner.cost.cost_model.cache_miss_ms from what misses add, at two row widths (the
     width-dependent part is bandwidth, the rest latency), from the formula itself."""
     per_id_s = float(np.mean([s["hit_seconds"] / s["ids"] for s in samples]))
 

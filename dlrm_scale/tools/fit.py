@@ -68,7 +68,7 @@ def profile_values(cluster: ClusterSpec) -> dict[str, float]:
     values = {}
     for name in FITTED:
         value = getattr(cluster, LINKS[0] if name == "link_gb_per_s" else name)
-        # a throughput of 0 prices nothing (planner.cost_model.dense_compute_ms), as the largest does
+        # a throughput of 0 prices nothing (planner.cost.cost_model.dense_compute_ms), as the largest does
         values[name] = (1.0 / value if 0 < value < NO_TIME_GB_PER_S else 0.0) if name in RECIPROCAL else float(value)
     return values
 

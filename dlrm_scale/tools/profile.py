@@ -2,7 +2,7 @@
 
 A table-wise or column-wise shard serves every rank's ids, so the trace of a table is, per
 step, the ids of all ranks' batches together: what its cache will see. The statistics
-(planner.access_stats) go to stats.json, which `dlrm-scale plan --stats` reads.
+(planner.spec.access_stats) go to stats.json, which `dlrm-scale plan --stats` reads.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`dlrm-scale simulate`: what a plan costs per rank, phase and step, before running it.
 
-The embedding part is exactly what the planner optimised (planner.scoring with the same cost
+The embedding part is exactly what the planner optimised (planner.views.scoring with the same cost
 model); the dense part adds the MLPs' compute and DDP's gradient all-reduce
-(planner.cost_model.dense_compute_ms, value_passes_ms, dense_update_ms, all_reduce_ms), the host's framework
+(planner.cost.cost_model.dense_compute_ms, value_passes_ms, dense_update_ms, all_reduce_ms), the host's framework
 work, and what of the replicas' all-reduce the sharded backward hides (hidden_all_reduce_ms).
 Each rank's time is split into the phases the trainer times (dlrm_scale.training.phases),
 grouped as PHASE_GROUPS says, so a prediction and a run's metrics.jsonl compare phase by phase.

@@ -1,5 +1,5 @@
 """Timing a cached table's row store as training uses it: for `calibrate`'s store constants
-(planner.cost_model.cache_miss_ms, cache_lookup_ms) and for the choice of how the SSD store
+(planner.cost.cost_model.cache_miss_ms, cache_lookup_ms) and for the choice of how the SSD store
 reads (`cpu_kernels.store_io`, dlrm_scale.tools.kernel_choice)."""
 
 from __future__ import annotations

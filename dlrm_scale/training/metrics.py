@@ -83,7 +83,7 @@ class WindowReport:
             "step": step, "loss": float(per_rank[:, 0].mean()), "samples_per_s": self.samples_per_s,
             # measured on this rank, per step: embeddings and their gradients, and ids
             "comm_bytes": emb_bytes // n, "id_bytes": id_bytes // n,
-            # the plan's count (planner.comm_volume), at this precision and at fp32
+            # the plan's count (planner.views.comm_volume), at this precision and at fp32
             "comm_bytes_predicted": self.predicted_bytes, "comm_bytes_fp32_predicted": self.predicted_bytes_fp32,
             # the largest rank's resident memory now, and its anonymous part
             "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),

@@ -21,13 +21,13 @@ Ranks are interchangeable, so the unconstrained plan is first relabelled to move
 bytes: its free-placed shards go, a rank's worth at a time, to the rank that holds most of
 them already (a linear assignment, OR-Tools), never raising its busiest rank or overfilling one.
 
-Each point carries a proven floor (`planner.move_floor`): no plan within its budget is faster.
+Each point carries a proven floor (`planner.replan.move_floor`): no plan within its budget is faster.
 
-Bytes moved are `planner.diff.moved_bytes` (what arrives at each rank, weights plus optimizer
+Bytes moved are `planner.views.diff.moved_bytes` (what arrives at each rank, weights plus optimizer
 state), summed within and across nodes. Without a budget, the result is the front of (bytes
 moved, busiest rank) over a ladder of budgets, with the unconstrained plan at its end.
 Co-located groups are replanned as the search sees them, each group one table
-(`planner.colocation`): its members stay, move and are counted together, on one rank.
+(`planner.search.colocation`): its members stay, move and are counted together, on one rank.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OR-Tools CP-SAT models: the joint option-and-placement model for small instances, and the
 class model (options by class, placement after) for large ones; the repair of a few ranks at a
-time is planner.repair.
+time is planner.search.repair.
 
 Times are scaled to integers in units of `unit_ms`, rounded down, and bytes to KiB (demands
 rounded up, capacities down, so an integer-feasible answer is feasible in bytes too). Pinned

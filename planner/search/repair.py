@@ -1,6 +1,6 @@
 """Re-placing the free (any-rank) shards of a few ranks with CP-SAT, options kept: the
 solver's repair of its busiest rank (large-neighbourhood search), and the model it builds, which
-the phase balancing (planner.phase_balance) builds on too."""
+the phase balancing (planner.search.phase_balance) builds on too."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class SolverConfig:
     # ... and land on the target that proves the plan within this of optimal instead of stepping
     # past it: the proof a plan's gap promises (issue #17's 2%), where a step beyond it ends undecided
     proof_gap: float = 0.02
-    # caps put to the configuration LP (planner.pattern_lp), and its pricing rounds for each
+    # caps put to the configuration LP (planner.search.pattern_lp), and its pricing rounds for each
     pattern_checks: int = 10
     pattern_rounds: int = 400
     # shard-size caps tried by the greedy warm start, as fractions of the lower bound
@@ -181,7 +181,7 @@ def proof_cap_ms(best_peak_ms: float, config: SolverConfig) -> float:
 def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec,
                    best: Assignment, bound_ms: float, unit_ms: float, config: SolverConfig, deadline_s: float,
                    rules: RankRules) -> tuple[Assignment, float, float]:
-    """Caps between the bound and the best plan put to the configuration LP (planner.pattern_lp):
+    """Caps between the bound and the best plan put to the configuration LP (planner.search.pattern_lp):
     the proof of `config.proof_gap` for the best plan while that is undecided, else the midpoint.
     A refuted cap raises the bound; a fractional plan under one, rounded (each table's option of
     most weight) and re-chosen by hill climbing, may lower the best (26 MLPerf tables on 32 ranks:

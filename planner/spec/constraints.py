@@ -10,7 +10,7 @@ What a rule says of an option alone (scheme, kernel, tier, shard count, and whet
 placement can keep to a pin or a group) removes options before the search, so every solver
 path and every bound (computed from the options left) honour it. Where shards may go is
 `RankRules`, asked by every placing step; a co-located group is searched as one table
-(`planner.colocation`); a reserve lowers each rank's capacity once.
+(`planner.search.colocation`); a reserve lowers each rank's capacity once.
 
 An infeasible set is named by its smallest conflicting subset: the fewest rules that together
 leave some table (or a keep-apart group) no option.

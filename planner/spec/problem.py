@@ -18,7 +18,7 @@ class PlanningProblem:
     training: TrainingSpec
     tiering: TieringSpec = TieringSpec()
     access: dict = field(default_factory=dict, repr=False, compare=False)  # table name -> access_stats.TableAccess
-    constraints: Constraints | None = None  # the user's (planner.constraints); None: none
+    constraints: Constraints | None = None  # the user's (planner.spec.constraints); None: none
     tables_by_name: dict[str, TableSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

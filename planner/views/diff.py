@@ -6,7 +6,7 @@ A rank needs the part of each new shard it does not already hold; in the old pla
 lies on other ranks (a data-parallel table lies on every rank of the old plan, so only a rank
 the old plan did not have needs it, from the same node when one there holds it).
 Bytes are counted where they arrive, rows x columns of fp32 weights plus the optimizer's state
-for those rows (planner.cost_model.rows_bytes).
+for those rows (planner.cost.cost_model.rows_bytes).
 """
 
 from __future__ import annotations
