@@ -18,9 +18,9 @@ import torchrec.distributed.planner.constants as torchrec_constants
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
-from torchrec.distributed.planner.spec.types import ParameterConstraints
-from torchrec.distributed.planner.spec.types import Shard as TRShard
-from torchrec.distributed.planner.spec.types import ShardingOption as TRShardingOption
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import Shard as TRShard
+from torchrec.distributed.planner.types import ShardingOption as TRShardingOption
 from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 from torchrec.distributed.types import CacheParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -38,7 +38,7 @@ from planner.spec.types import Perf, ShardCost, ShardingOption, Storage
 GB_PER_S_TO_BYTES_PER_MS = 1e9 / 1e3
 
 # TorchRec's planner logs a long report at INFO and warns about topologies built by hand.
-for _name in ("torchrec.distributed.planner", "torchrec.distributed.planner.spec.types", "root"):
+for _name in ("torchrec.distributed.planner", "torchrec.distributed.planner.types", "root"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 
