@@ -1,7 +1,7 @@
-"""The cost model on one GPU: the cost-model benchmark's 12 mixes trained on a lent GPU, the
+"""The cost model on one GPU: the cost-model benchmark's 12 mixes trained on one GPU, the
 datasheet profile refitted to the fit half and scored on the held-out half.
 
-A lent GPU comes for minutes, one of them, so this is the first look, not costmodel_bench.py:
+Made for a GPU machine held for minutes, so a first look, not costmodel_bench.py:
 - one rank: no all-to-all, and the plan's only choices are each table's kernel and tier;
 - two plans a mix: ours (`--planner ours`, priced by --hardware) and every table that holds
   CACHE_HEADROOM times the rows a batch looks up behind a UVM cache of CACHE_LOAD_FACTOR;

@@ -41,7 +41,7 @@ class SolverConfig:
     # the probes under caps climb from the bound in steps of at most this fraction of it
     probe_step: float = 0.005
     # ... and land on the target that proves the plan within this of optimal instead of stepping
-    # past it: the proof a plan's gap promises (issue #17's 2%), where a step beyond it ends undecided
+    # past it: the proof a plan's gap promises (2%), where a step beyond it ends undecided
     proof_gap: float = 0.02
     # caps put to the configuration LP (planner.search.pattern_lp), and its pricing rounds for each
     pattern_checks: int = 10

@@ -210,15 +210,15 @@ class Constraints:
         """The options of `table` that every rule on it allows; when none is left, one line
         naming the smallest set of rules that removes them all."""
         rules = self.rules_for(table)
-        kept = [o for o in options if all(r.allows(o) for r in rules)]
-        if options and not kept:
+        allowed = [o for o in options if all(r.allows(o) for r in rules)]
+        if options and not allowed:
             conflict = smallest_conflict(rules, options)
             raise InfeasiblePlanError(
                 f"table '{table}' has no option left under {' and '.join(r.describe() for r in conflict)}; "
                 f"loosen {'it' if len(conflict) == 1 else 'one of them'} (its options that fit: "
                 f"{', '.join(sorted({o.label for o in options})[:6])})"
             )
-        return kept
+        return allowed
 
     def pinned_ranks(self, table: str) -> tuple[frozenset[int] | None, list[TableRule]]:
         """The ranks `table` may use (None: any), and the rules that pin it."""
