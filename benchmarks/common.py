@@ -28,12 +28,13 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """The checkout's commit, marked when its tracked files differ from it."""
+    """The checkout's commit, marked when its tracked files (results aside) differ from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return head + ("+changes" if changed else "")
 
 
 def provenance() -> dict[str, str]:
