@@ -1,6 +1,8 @@
+from dataclasses import fields
+
 import pytest
 
-from planner.spec.specs import GIB, ClusterSpec, TableSpec, TieringSpec, TrainingSpec
+from planner.spec.specs import GIB, ClusterSpec, CostConstants, TableSpec, TieringSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 
 
@@ -28,7 +30,8 @@ def make_cluster(num_nodes=1, ranks_per_node=4, hbm_gib=40.0, **kw) -> ClusterSp
         inter_node_gb_per_s=10.0,
     )
     values.update(kw)
-    return ClusterSpec(**values)
+    costs = {f.name: values.pop(f.name) for f in fields(CostConstants) if f.name in values}
+    return ClusterSpec(**values, costs=CostConstants(**costs))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from planner.views.explain import explain
 from planner.plan.document import Plan, table_layout
 from planner.plan.planning import make_plan
 from planner.views.scoring import rank_times_ms
-from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.specs import ClusterSpec, CostConstants, TableSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import ShardingType
 
@@ -21,7 +21,7 @@ TABLES = (TableSpec("a", 40_000, 64, 8.0), TableSpec("b", 20_000, 64, 4.0), Tabl
 
 
 def problem(world: int = 4, local: int = 2, hbm: int = 8 * 2**30) -> PlanningProblem:
-    cluster = ClusterSpec(world // local, local, "cuda", hbm, 64 * 2**30, 0, 100.0, 600.0, 25.0, 2000.0, 1000.0)
+    cluster = ClusterSpec(world // local, local, "cuda", hbm, 64 * 2**30, 0, CostConstants(100.0, 600.0, 25.0, 2000.0, 1000.0))
     return PlanningProblem(TABLES, cluster, TrainingSpec(512, "rowwise_adagrad"))
 
 

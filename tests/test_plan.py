@@ -139,7 +139,7 @@ def test_a_plan_records_the_inputs_it_was_made_for():
     # more or less memory is a planning choice; a faster link prices every option anew
     roomier = replace(problem, cluster=replace(problem.cluster, hbm_bytes_per_rank=2 * problem.cluster.hbm_bytes_per_rank))
     check_plan_inputs(plan, roomier)
-    faster = replace(problem, cluster=replace(problem.cluster, intra_node_gb_per_s=2 * problem.cluster.intra_node_gb_per_s))
+    faster = replace(problem, cluster=problem.cluster.with_costs(intra_node_gb_per_s=2 * problem.cluster.costs.intra_node_gb_per_s))
     with pytest.raises(PlanFormatError, match="priced with hardware profile .* before a re-calibration"):
         check_plan_inputs(plan, faster)
     other_batch = replace(problem, training=replace(problem.training, batch_size_per_rank=256))
@@ -184,3 +184,15 @@ def test_the_summary_reports_the_gap_of_the_step_the_search_minimised():
 def test_the_step_never_beats_its_bound(config):
     plan = make_plan(load_run_config(f"configs/{config}.yaml").problem, config=SolverConfig(time_limit_s=2.0))
     assert plan.lower_bound_ms <= plan.step[1] <= plan.step[0] * (1 + 1e-9)
+
+
+def test_the_hardware_digest_covers_what_the_machine_costs_not_its_topology():
+    """A plan made with a profile is refused under a re-calibrated one, not under another --hbm-gb."""
+    from dataclasses import replace
+
+    from planner.plan.inputs import hardware_digest
+
+    cluster = make_cluster()
+    assert hardware_digest(cluster) == hardware_digest(replace(cluster, hbm_bytes_per_rank=cluster.hbm_bytes_per_rank // 2, name="x"))
+    assert hardware_digest(cluster) != hardware_digest(cluster.with_costs(lookup_fwd_ns=cluster.costs.lookup_fwd_ns + 1.0))
+    assert cluster.with_costs(lookup_fwd_ns=7.0).costs.lookup_fwd_ns == 7.0 and cluster.costs.lookup_fwd_ns == 0.0

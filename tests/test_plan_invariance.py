@@ -14,7 +14,7 @@ import torch
 
 from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan.document import Plan, table_layout
-from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.specs import ClusterSpec, CostConstants, TableSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import ShardingType
 
@@ -38,7 +38,7 @@ PLANS = {
 
 
 def problem(world: int) -> PlanningProblem:
-    cluster = ClusterSpec(1, world, "cpu", 0, 8 * 1024**3, 8 * 1024**3, 1.0, 4.0, 0.5, 1.0, 1.0)
+    cluster = ClusterSpec(1, world, "cpu", 0, 8 * 1024**3, 8 * 1024**3, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
     return PlanningProblem(TABLES, cluster, TrainingSpec(GLOBAL_BATCH // world, "rowwise_adagrad"))
 
 

@@ -33,7 +33,7 @@ def test_simulation_adds_dense_and_overhead_to_the_planned_embedding_time():
     sim = simulate(plan, problem, model)
     flops, params, values = dense_cost(problem.tables, model)
     dense = (flops * 256 / (100.0 * 1e6) + values * 256 * 3.0 * 1e-6 + 0.7
-             + dense_update_ms(params, 1, "adagrad", cluster.tier_gb_per_s(cluster.device_tier), 2.0))
+             + dense_update_ms(params, 1, "adagrad", cluster.costs.tier_gb_per_s(cluster.device_tier), 2.0))
     extra = dense + all_reduce_ms(4.0 * params, 2, cluster) + host_overhead_ms(2, cluster) + 4 * 0.1  # 4 collectives' latency
     embedding = rank_times_ms(plan, problem, AnalyticCostModel(cluster, problem.training))
     assert [r.step_ms for r in sim.ranks] == pytest.approx(list(embedding + extra))
@@ -55,7 +55,7 @@ def test_a_data_parallel_table_trains_on_the_dense_side_and_pays_no_all_to_all()
     tw = Plan(2, 2, {"a": table_layout(problem.tables[0], ShardingType.TABLE_WISE, [0], "hbm")}, (), 0.0, 0.0)
     model = ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
     dp, sharded = simulate(replicated, problem, model), simulate(tw, problem, model)
-    update = dense_update_ms(10_000, 16, "rowwise_adagrad", cluster.tier_gb_per_s("hbm"), 3.0) + 0.25
+    update = dense_update_ms(10_000, 16, "rowwise_adagrad", cluster.costs.tier_gb_per_s("hbm"), 3.0) + 0.25
     assert dp.ranks[0].phases_ms["dense"] - sharded.ranks[0].phases_ms["dense"] == pytest.approx(update)
     assert dp.ranks[0].phases_ms["a2a_fwd"] == 0.0 and sharded.ranks[0].phases_ms["a2a_fwd"] >= 0.5
     gradient = all_reduce_ms(row_comm_bytes(10_000, 16, "fp32"), 2, cluster)
@@ -74,7 +74,7 @@ def test_each_sharding_type_runs_its_own_embedding_collectives():
         plan = Plan(2, 2, {"a": table_layout(a, a_scheme, [0, 1] if a_scheme is ShardingType.ROW_WISE else [0], "hbm"),
                            "b": table_layout(b, b_scheme, [1], "hbm"),
                            "c": table_layout(c, ShardingType.DATA_PARALLEL, [0, 1], "hbm")}, (), 0.0, 0.0)
-        with_latency, without = (simulate(plan, replace(problem, cluster=replace(problem.cluster, collective_latency_ms=ms)), model)
+        with_latency, without = (simulate(plan, replace(problem, cluster=problem.cluster.with_costs(collective_latency_ms=ms)), model)
                                  for ms in (0.5, 0.0))
         return {g: with_latency.ranks[1].phases_ms[g] - without.ranks[1].phases_ms[g] for g in PHASE_GROUPS}
 
@@ -98,7 +98,7 @@ def test_every_plan_pays_the_regrouping_of_its_pooled_embeddings_where_the_timer
              "replicated": Plan(2, 2, {t.name: table_layout(t, ShardingType.DATA_PARALLEL, [0, 1], "hbm") for t in (a, b)}, (), 0.0, 0.0)}
     regroup = 256 * (16 + 32) * 2.0 / 1e6
     for plan in plans.values():
-        with_regroup, without = (simulate(plan, replace(problem, cluster=replace(problem.cluster, pooled_value_ns=ns)), model)
+        with_regroup, without = (simulate(plan, replace(problem, cluster=problem.cluster.with_costs(pooled_value_ns=ns)), model)
                                  for ns in (2.0, 0.0))
         for r in range(2):
             paid = {g: with_regroup.ranks[r].phases_ms[g] - without.ranks[r].phases_ms[g] for g in PHASE_GROUPS}

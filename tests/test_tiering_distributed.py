@@ -9,7 +9,7 @@ import torch
 
 from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan.document import Plan, table_layout
-from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.specs import ClusterSpec, CostConstants, TableSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import ShardingType
 
@@ -28,7 +28,7 @@ STEPS = 12
 
 def problem(optimizer: str) -> PlanningProblem:
     tables = tuple(TableSpec(name, ROWS + 7 * i, 16, pooling_factor=6.0, zipf_exponent=1.05) for i, (name, *_r) in enumerate(TABLES))
-    cluster = ClusterSpec(1, 2, "cpu", 0, 8 * 1024**3, 8 * 1024**3, 1.0, 4.0, 0.5, 1.0, 1.0)
+    cluster = ClusterSpec(1, 2, "cpu", 0, 8 * 1024**3, 8 * 1024**3, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
     return PlanningProblem(tables, cluster, TrainingSpec(128, optimizer))
 
 

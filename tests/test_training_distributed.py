@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from planner.plan.document import Plan, table_layout
-from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
+from planner.spec.specs import ClusterSpec, CostConstants, TableSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import ShardingType
 from dlrm_scale.tools.launch import run_on_ranks
@@ -31,7 +31,7 @@ LR = 0.1
 
 def problem(optimizer: str = "sgd", fwd: str = "fp32", bwd: str = "fp32") -> PlanningProblem:
     tables = tuple(TableSpec(name, 101 + 10 * i, 16, pooling_factor=3.0) for i, (name, *_rest) in enumerate(SCHEMES))
-    cluster = ClusterSpec(1, 2, "cpu", 0, 8 * 1024**3, 0, 1.0, 4.0, 0.5, 1.0, 1.0)
+    cluster = ClusterSpec(1, 2, "cpu", 0, 8 * 1024**3, 0, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
     return PlanningProblem(tables, cluster, TrainingSpec(64, optimizer, fwd, bwd))
 
 

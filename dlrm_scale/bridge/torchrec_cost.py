@@ -31,7 +31,7 @@ from dlrm_scale.bridge.sharding_plan import from_sharding_plan
 from planner.cost.cost_model import OptionRequest
 from planner.plan.document import Plan
 from planner.plan.inputs import PlanInputs
-from planner.spec.specs import ClusterSpec, TableSpec
+from planner.spec.specs import ClusterSpec, CostConstants, TableSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import Perf, ShardCost, ShardingOption, Storage
 
@@ -50,10 +50,10 @@ def torchrec_topology(cluster: ClusterSpec) -> Topology:
         local_world_size=cluster.ranks_per_node,
         hbm_cap=cluster.capacity_bytes_per_rank("hbm") if cluster.device == "cuda" else None,
         ddr_cap=cluster.capacity_bytes_per_rank("ddr"),
-        hbm_mem_bw=cluster.hbm_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
-        ddr_mem_bw=cluster.ddr_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
-        intra_host_bw=cluster.intra_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
-        inter_host_bw=cluster.inter_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
+        hbm_mem_bw=cluster.costs.hbm_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
+        ddr_mem_bw=cluster.costs.ddr_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
+        intra_host_bw=cluster.costs.intra_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
+        inter_host_bw=cluster.costs.inter_node_gb_per_s * GB_PER_S_TO_BYTES_PER_MS,
     )
 
 
@@ -67,10 +67,11 @@ def torchrec_default_cluster(world_size: int, ranks_per_node: int = 8) -> Cluste
         num_nodes=max(1, world_size // local), ranks_per_node=local, device="cuda",
         hbm_bytes_per_rank=torchrec_constants.HBM_CAP, ddr_bytes_per_node=torchrec_constants.DDR_CAP * local,
         ssd_bytes_per_node=torchrec_constants.SSD_CAP * local,
-        hbm_gb_per_s=gb_per_s(torchrec_constants.HBM_MEM_BW), ddr_gb_per_s=gb_per_s(torchrec_constants.DDR_MEM_BW),
-        ssd_gb_per_s=gb_per_s(torchrec_constants.SSD_MEM_BW),
-        intra_node_gb_per_s=gb_per_s(torchrec_constants.INTRA_NODE_BANDWIDTH),
-        inter_node_gb_per_s=gb_per_s(torchrec_constants.CROSS_NODE_BANDWIDTH), name="torchrec_default",
+        costs=CostConstants(hbm_gb_per_s=gb_per_s(torchrec_constants.HBM_MEM_BW), ddr_gb_per_s=gb_per_s(torchrec_constants.DDR_MEM_BW),
+                            ssd_gb_per_s=gb_per_s(torchrec_constants.SSD_MEM_BW),
+                            intra_node_gb_per_s=gb_per_s(torchrec_constants.INTRA_NODE_BANDWIDTH),
+                            inter_node_gb_per_s=gb_per_s(torchrec_constants.CROSS_NODE_BANDWIDTH)),
+        name="torchrec_default",
     )
 
 

@@ -67,7 +67,7 @@ def profile_values(cluster: ClusterSpec) -> dict[str, float]:
     """The fitted constants of `cluster` as the fit sees them (bandwidths as reciprocals)."""
     values = {}
     for name in FITTED:
-        value = getattr(cluster, LINKS[0] if name == "link_gb_per_s" else name)
+        value = getattr(cluster.costs, LINKS[0] if name == "link_gb_per_s" else name)
         # a throughput of 0 prices nothing (planner.cost.cost_model.dense_compute_ms), as the largest does
         values[name] = (1.0 / value if 0 < value < NO_TIME_GB_PER_S else 0.0) if name in RECIPROCAL else float(value)
     return values
@@ -81,14 +81,14 @@ def with_values(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
             value = gb_per_s(value)
         for field in (LINKS if name == "link_gb_per_s" else (name,)):
             fields[field] = value
-    return replace(cluster, **fields)
+    return cluster.with_costs(**fields)
 
 
 def fitted_fields(cluster: ClusterSpec, values: dict[str, float]) -> dict[str, float]:
     """The profile keys `values` set, as a profile writes them (bandwidths in GB/s)."""
     fitted = with_values(cluster, values)
     names = [f for name in FITTED for f in (LINKS if name == "link_gb_per_s" else (name,))]
-    return {name: float(getattr(fitted, name)) for name in names}
+    return {name: float(getattr(fitted.costs, name)) for name in names}
 
 
 @dataclass(frozen=True)

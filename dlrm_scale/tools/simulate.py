@@ -111,24 +111,24 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                 backward[rank] += perf.bwd_compute_ms
             storage[rank] = storage[rank] + shard.storage
     dense = dense_cost(problem.tables, model)
-    compute = (dense_compute_ms(dense.flops_per_sample * training.batch_size_per_rank, cluster.dense_gflops)
-               + value_passes_ms(dense.interaction_values_per_sample * training.batch_size_per_rank, cluster.interaction_value_ns)
-               + dense_update_ms(dense.params, 1, dense_optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
+    compute = (dense_compute_ms(dense.flops_per_sample * training.batch_size_per_rank, cluster.costs.dense_gflops)
+               + value_passes_ms(dense.interaction_values_per_sample * training.batch_size_per_rank, cluster.costs.interaction_value_ns)
+               + dense_update_ms(dense.params, 1, dense_optimizer, cluster.costs.tier_gb_per_s(cluster.device_tier), cluster.costs.dense_update_ns)
                + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * dense.params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
-    regroup = value_passes_ms(training.batch_size_per_rank * sum(t.embedding_dim for t in problem.tables), cluster.pooled_value_ns)
+    regroup = value_passes_ms(training.batch_size_per_rank * sum(t.embedding_dim for t in problem.tables), cluster.costs.pooled_value_ns)
     # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
     types = [t.sharding_type for t in plan.tables.values()]
     runs = embedding_collectives(types)
     overlap = BackwardOverlap(replica_reduce, tuple(backward))
     for p in phases:
         p["dense"] += compute
-        p["all_reduce"] += reduce + (1 + replica_all_reduces(types)) * cluster.collective_latency_ms - overlap.hidden_ms
+        p["all_reduce"] += reduce + (1 + replica_all_reduces(types)) * cluster.costs.collective_latency_ms - overlap.hidden_ms
         p["other"] += host
         for group in COLLECTIVE_GROUPS:
             if group != "all_reduce":
-                p[group] += runs * cluster.collective_latency_ms
+                p[group] += runs * cluster.costs.collective_latency_ms
         p["a2a_fwd"] += regroup  # the timers charge SparseArch's regrouping to the all-to-all it ends
         p["a2a_bwd"] += regroup
     ranks = tuple(RankSimulation(r, phases[r], storage[r]) for r in range(world))

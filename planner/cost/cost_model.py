@@ -148,8 +148,8 @@ def replica_update_ms(rows: int, cols: int, optimizer: str, cluster: ClusterSpec
     """A replicated table's update with the dense optimizer, in host memory or HBM: its weights
     (dense_update_ms), and a fixed cost per table (the optimizer's and DDP's work per parameter
     tensor, and the lookup module DDP wraps), large on a CPU."""
-    per_weight = dense_update_ms(rows, cols, optimizer, cluster.tier_gb_per_s(cluster.device_tier), cluster.dense_update_ns)
-    return per_weight + cluster.replica_table_ms
+    per_weight = dense_update_ms(rows, cols, optimizer, cluster.costs.tier_gb_per_s(cluster.device_tier), cluster.costs.dense_update_ns)
+    return per_weight + cluster.costs.replica_table_ms
 
 
 def dense_gradient_ms(rows: int, cols: int, per_weight_ns: float) -> float:
@@ -168,8 +168,8 @@ def all_to_all_ms(bytes_out: float, cluster: ClusterSpec) -> float:
     latency (collective_latency_ms) is paid per type, by the step (sharding_types_ms).
     """
     world, local = cluster.world_size, cluster.ranks_per_node
-    intra = transfer_ms(bytes_out * (local - 1) / world, cluster.intra_node_gb_per_s)
-    inter = transfer_ms(bytes_out * (world - local) / world, cluster.inter_node_gb_per_s)
+    intra = transfer_ms(bytes_out * (local - 1) / world, cluster.costs.intra_node_gb_per_s)
+    inter = transfer_ms(bytes_out * (world - local) / world, cluster.costs.inter_node_gb_per_s)
     return max(intra, inter)
 
 
@@ -198,8 +198,8 @@ def input_distribution_ms(num_ids: float, cluster: ClusterSpec, bucketized_ids: 
     id (splitting, permuting and copying the jagged ids; small on a GPU, large on a CPU) and
     the shard's part of the collective's host work (shard_comm_ms). A row-wise table's ids are
     first split by row block where they are read (`bucketized_ids` of them on this rank)."""
-    return (all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.input_id_ns * 1e-6
-            + bucketized_ids * cluster.bucketize_id_ns * 1e-6 + shard_comm_ms(0.0, cluster))
+    return (all_to_all_ms(num_ids * ID_BYTES, cluster) + num_ids * cluster.costs.input_id_ns * 1e-6
+            + bucketized_ids * cluster.costs.bucketize_id_ns * 1e-6 + shard_comm_ms(0.0, cluster))
 
 
 def _type_names(sharding_types: Iterable) -> set[str]:
@@ -225,7 +225,7 @@ def sharding_types_ms(sharding_types: Iterable, cluster: ClusterSpec) -> float:
     """Every rank's fixed cost of the collectives a plan's sharding types run: the three
     embedding collectives per sharded type, and the replicas' own all-reduce."""
     types = _type_names(sharding_types)
-    return (3 * embedding_collectives(types) + replica_all_reduces(types)) * cluster.collective_latency_ms
+    return (3 * embedding_collectives(types) + replica_all_reduces(types)) * cluster.costs.collective_latency_ms
 
 
 def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:
@@ -233,12 +233,12 @@ def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:
     part (its feature's splits and permutes; many small shards pay more than few large ones)
     and a part per byte it puts in or takes out (copies into and out of the batched buffer,
     the whole shard's output, not only what crosses the link)."""
-    return cluster.comm_shard_ms + num_bytes * cluster.comm_byte_ns * 1e-6
+    return cluster.costs.comm_shard_ms + num_bytes * cluster.costs.comm_byte_ns * 1e-6
 
 
 def ring_link_gb_per_s(group_size: int, cluster: ClusterSpec) -> float:
     """Bandwidth of a ring over a group of ranks: the inter-node link once it spans nodes."""
-    return cluster.intra_node_gb_per_s if group_size <= cluster.ranks_per_node else cluster.inter_node_gb_per_s
+    return cluster.costs.intra_node_gb_per_s if group_size <= cluster.ranks_per_node else cluster.costs.inter_node_gb_per_s
 
 
 def all_gather_ms(bytes_out: float, group_size: int, cluster: ClusterSpec) -> float:
@@ -253,7 +253,7 @@ def all_gather_ms(bytes_out: float, group_size: int, cluster: ClusterSpec) -> fl
 def reduction_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
     """Summing the (g-1)/g of a buffer that a ring reduction receives from the other ranks: on a
     GPU inside the collective's kernel (reduce_byte_ns 0), on a CPU by the host, per byte."""
-    return bytes_in * (group_size - 1) / group_size * cluster.reduce_byte_ns * 1e-6 if group_size > 1 else 0.0
+    return bytes_in * (group_size - 1) / group_size * cluster.costs.reduce_byte_ns * 1e-6 if group_size > 1 else 0.0
 
 
 def reduce_scatter_ms(bytes_in: float, group_size: int, cluster: ClusterSpec) -> float:
@@ -310,20 +310,20 @@ def column_permute(table: TableSpec, cluster: ClusterSpec, training: TrainingSpe
     """What a table split by columns adds to every rank's collectives: the pooled sums arrive
     rank by rank, so TorchRec permutes them back into the table's column order (its output
     all-to-all's callback), each rank its own samples' full width, and their gradient back."""
-    ms = value_passes_ms(training.batch_size_per_rank * table.embedding_dim, cluster.column_permute_value_ns)
+    ms = value_passes_ms(training.batch_size_per_rank * table.embedding_dim, cluster.costs.column_permute_value_ns)
     return Perf(fwd_comms_ms=ms, bwd_comms_ms=ms)
 
 
 def dense_overhead_ms(cluster: ClusterSpec) -> float:
     """Fixed time per step of the dense layers beyond their FLOPs: launching each layer's
     forward and backward and the optimizer's passes (the larger part for small MLPs on a CPU)."""
-    return cluster.dense_overhead_ms
+    return cluster.costs.dense_overhead_ms
 
 
 def host_overhead_ms(num_tables: int, cluster: ClusterSpec) -> float:
     """Per-step host work outside kernels and collectives (Python, input splitting, optimizer
     bookkeeping): a fixed part and a part per table. The same for every plan of a model."""
-    return cluster.step_overhead_ms + num_tables * cluster.table_overhead_ms
+    return cluster.costs.step_overhead_ms + num_tables * cluster.costs.table_overhead_ms
 
 
 def rows_bytes(rows: int, cols: int, optimizer: str) -> int:
@@ -407,8 +407,8 @@ class AnalyticCostModel:
         local_batch = tr.batch_size_per_rank
         global_batch = local_batch * world
         pooling = table.pooling_factor
-        bw = cl.tier_gb_per_s(cl.device_tier if req.cached else req.tier)
-        launch = cl.kernel_launch_ms
+        bw = cl.costs.tier_gb_per_s(cl.device_tier if req.cached else req.tier)
+        launch = cl.costs.kernel_launch_ms
         opt = tr.embedding_optimizer
         fwd_p, bwd_p = tr.fwd_comm_precision, tr.bwd_comm_precision
         st = req.sharding_type
@@ -419,15 +419,15 @@ class AnalyticCostModel:
         else:  # row blocks share the ids evenly
             lookups, distinct = batch_ids / group, distinct_rows_per_step(table, batch_ids, group)
 
-        fwd_compute = lookup_fwd_ms(lookups, distinct, g.cols, bw, launch, cl.lookup_fwd_ns, cl.lookup_fwd_weight_ns)
+        fwd_compute = lookup_fwd_ms(lookups, distinct, g.cols, bw, launch, cl.costs.lookup_fwd_ns, cl.costs.lookup_fwd_weight_ns)
         if req.cached:  # rows are made resident before the lookup
             misses = lookups * req.unique_ratio * (1.0 - req.hit_rate)
-            fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.tier_gb_per_s(req.tier), cl.tier_latency_us(req.tier))
-            fwd_compute += cache_lookup_ms(lookups, cl.cache_id_ns)
-        bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.lookup_bwd_ns, cl.lookup_bwd_row_ns,
-                                    cl.lookup_bwd_weight_ns)
+            fwd_compute += cache_miss_ms(misses, g.cols, opt, cl.costs.tier_gb_per_s(req.tier), cl.costs.tier_latency_us(req.tier))
+            fwd_compute += cache_lookup_ms(lookups, cl.costs.cache_id_ns)
+        bwd_compute = lookup_bwd_ms(lookups, distinct, g.cols, opt, bw, launch, cl.costs.lookup_bwd_ns, cl.costs.lookup_bwd_row_ns,
+                                    cl.costs.lookup_bwd_weight_ns)
         if st is ShardingType.DATA_PARALLEL:
-            bwd_compute += dense_gradient_ms(g.rows, g.cols, cl.dense_grad_ns)
+            bwd_compute += dense_gradient_ms(g.rows, g.cols, cl.costs.dense_grad_ns)
             bwd_compute += replica_update_ms(g.rows, g.cols, opt, cl)
             grad_bytes = row_comm_bytes(g.rows, g.cols, bwd_p)
             return Perf(fwd_compute, 0.0, bwd_compute, all_reduce_ms(grad_bytes, world, cl))

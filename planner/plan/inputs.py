@@ -1,8 +1,8 @@
 """What a plan was made for: the inputs that priced it, recorded in the plan and checked by
 the trainer, as TorchRec's PlanLoader checks a hash of its planner's inputs.
 
-The hardware digest covers the profile's cost constants (bandwidths, latencies, per-id
-costs), not its capacities: a `--hbm-gb` given at plan time is a planning choice the plan's
+The hardware digest covers the profile's cost constants (`ClusterSpec.costs`: bandwidths,
+latencies, per-id costs), not its topology or capacities: a `--hbm-gb` given at plan time is a planning choice the plan's
 own capacity check already honoured, while a re-calibrated profile prices every option anew.
 """
 
@@ -18,16 +18,12 @@ from planner.spec.errors import PlanFormatError
 from planner.spec.specs import ClusterSpec
 from planner.spec.problem import PlanningProblem
 
-# Fields of a cluster that size or shape it rather than price it.
-_NOT_PRICES = ("name", "num_nodes", "ranks_per_node", "device", "hbm_bytes_per_rank", "ddr_bytes_per_node", "ssd_bytes_per_node")
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def hardware_digest(cluster: ClusterSpec) -> str:
-    return _digest({k: v for k, v in asdict(cluster).items() if k not in _NOT_PRICES})
+    return _digest(asdict(cluster.costs))
 
 
 def tables_digest(problem: PlanningProblem) -> str:

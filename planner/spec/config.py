@@ -21,7 +21,7 @@ import yaml
 from planner.spec.errors import ConfigError
 from planner.spec.access_stats import load_stats
 from planner.spec.constraints import RESERVE_KEY, Constraints, Shape
-from planner.spec.specs import GIB, MAX_COUNT, check_keys, short_repr, ClusterSpec, TableSpec, TieringSpec, TrainingSpec
+from planner.spec.specs import GIB, MAX_COUNT, check_keys, short_repr, ClusterSpec, CostConstants, TableSpec, TieringSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -225,10 +225,12 @@ def build_cluster(profile: dict[str, Any], overrides: dict[str, Any]) -> Cluster
     merged.setdefault("hbm_bytes_per_rank", 0)
     merged.setdefault("ddr_bytes_per_node", 0)
     merged.setdefault("ssd_bytes_per_node", 0)
-    missing = [f.name for f in fields(ClusterSpec) if f.name not in merged and f.default is MISSING]
+    costs = {f.name: merged.pop(f.name) for f in fields(CostConstants) if f.name in merged}
+    missing = [f.name for f in (*fields(ClusterSpec), *fields(CostConstants))
+               if f.name not in merged and f.name not in costs and f.name != "costs" and f.default is MISSING]
     if missing:
         raise ConfigError(f"cluster: the hardware profile lacks {', '.join(missing)}; add them to the profile")
-    return ClusterSpec(**merged)
+    return ClusterSpec(**merged, costs=CostConstants(**costs))
 
 
 def load_tables_csv(path: str | Path) -> list[TableSpec]:

@@ -7,7 +7,7 @@ names the field and the fix, so bad input never reaches the cost model or the so
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Iterable
 
@@ -118,15 +118,11 @@ BANDWIDTHS = ("hbm_gb_per_s", "ddr_gb_per_s", "ssd_gb_per_s", "intra_node_gb_per
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
-    """Nodes of identical ranks, their memory tiers and links. Bandwidths in GB/s (1e9 B/s)."""
+class CostConstants:
+    """What a machine was measured to cost: bandwidths in GB/s (1e9 B/s), and the per-unit and
+    fixed costs the cost model prices with (planner/cost/cost_model.py says what each prices).
+    A hardware profile's fitted part: `dlrm-scale calibrate` measures and fits these."""
 
-    num_nodes: int
-    ranks_per_node: int
-    device: str
-    hbm_bytes_per_rank: int  # device memory given to embeddings (unused on a CPU cluster)
-    ddr_bytes_per_node: int
-    ssd_bytes_per_node: int
     hbm_gb_per_s: float  # device memory bandwidth seen by the embedding kernels
     ddr_gb_per_s: float  # host memory as seen from the device (over PCIe on a GPU)
     ssd_gb_per_s: float
@@ -157,6 +153,35 @@ class ClusterSpec:
     ddr_latency_us: float = 0.0  # per row fetched from the tier, amortised over its parallel requests
     ssd_latency_us: float = 0.0
     cache_id_ns: float = 0.0  # host work per id looked up in a cached table (dedup, slot lookup; CPU)
+
+    def tier_gb_per_s(self, tier: str) -> float:
+        return {"hbm": self.hbm_gb_per_s, "ddr": self.ddr_gb_per_s, "ssd": self.ssd_gb_per_s}[tier]
+
+    def tier_latency_us(self, tier: str) -> float:
+        return {"hbm": 0.0, "ddr": self.ddr_latency_us, "ssd": self.ssd_latency_us}[tier]
+
+    def check(self, owner: str) -> None:
+        """Bandwidths > 0; every other constant (ms, ns, us per unit of work, a throughput) >= 0."""
+        for name in BANDWIDTHS:
+            _positive(owner, name, getattr(self, name))
+        for name in (f.name for f in fields(self) if f.name not in BANDWIDTHS):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise ConfigError(f"{owner}: '{name}' must be >= 0")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What the machine is: nodes of identical ranks and their memory tiers; and `costs`, what it
+    was measured to cost (a hardware profile holds both)."""
+
+    num_nodes: int
+    ranks_per_node: int
+    device: str
+    hbm_bytes_per_rank: int  # device memory given to embeddings (unused on a CPU cluster)
+    ddr_bytes_per_node: int
+    ssd_bytes_per_node: int
+    costs: CostConstants
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -176,13 +201,11 @@ class ClusterSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{owner}: '{name}' must be a non-negative integer, got {value!r}")
-        for name in BANDWIDTHS:
-            _positive(owner, name, getattr(self, name))
-        # every other float is a cost constant (ms, ns, us per unit of work) or a throughput: >= 0
-        for name in (f.name for f in fields(self) if f.type == "float" and f.name not in BANDWIDTHS):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ConfigError(f"{owner}: '{name}' must be >= 0")
+        self.costs.check(owner)
+
+    def with_costs(self, **changes: float) -> ClusterSpec:
+        """The same machine with some cost constants changed (a what-if, a refit)."""
+        return replace(self, costs=replace(self.costs, **changes))
 
     @property
     def world_size(self) -> int:
@@ -202,12 +225,6 @@ class ClusterSpec:
         if tier == "ssd":
             return self.ssd_bytes_per_node // self.ranks_per_node
         raise ValueError(f"unknown memory tier {tier!r}")
-
-    def tier_gb_per_s(self, tier: str) -> float:
-        return {"hbm": self.hbm_gb_per_s, "ddr": self.ddr_gb_per_s, "ssd": self.ssd_gb_per_s}[tier]
-
-    def tier_latency_us(self, tier: str) -> float:
-        return {"hbm": 0.0, "ddr": self.ddr_latency_us, "ssd": self.ssd_latency_us}[tier]
 
     @property
     def backing_tiers(self) -> tuple[str, ...]:
