@@ -28,12 +28,12 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """The checkout's commit, marked when its tracked files (results aside) differ from it."""
+    """The checkout's commit, marked when its tracked code differs from it (results and docs aside)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "HEAD") or "unknown"
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results", ":!docs", ":!*.md")
     return head + ("+changes" if changed else "")
 
 
