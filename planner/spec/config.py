@@ -12,6 +12,7 @@ import csv
 import math
 import os
 import re
+import sys
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -24,8 +25,10 @@ from planner.spec.constraints import RESERVE_KEY, Constraints, Shape
 from planner.spec.specs import GIB, MAX_COUNT, check_keys, short_repr, ClusterSpec, CostConstants, TableSpec, TieringSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-HARDWARE_DIR = CONFIG_DIR / "hardware"  # the named profiles that come with dlrm-scale
+# The named profiles that come with dlrm-scale: configs/hardware in a checkout (an editable
+# install too), and where a wheel puts them (pyproject.toml's data-files) when installed.
+_CHECKOUT_HARDWARE = Path(__file__).resolve().parents[2] / "configs" / "hardware"
+HARDWARE_DIR = _CHECKOUT_HARDWARE if _CHECKOUT_HARDWARE.is_dir() else Path(sys.prefix) / "share" / "dlrm-scale" / "hardware"
 # Where `dlrm-scale calibrate --name NAME` writes a machine's own profile; searched after HARDWARE_DIR.
 USER_HARDWARE_ENV = "DLRM_SCALE_HARDWARE_DIR"
 DEFAULT_HARDWARE = "a100_zionex"
