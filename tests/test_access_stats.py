@@ -106,3 +106,32 @@ def test_stats_round_trip_and_errors(tmp_path):
         load_stats(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="must increase"):
         HitRateCurve((0.2, 0.1), (0.5, 0.6))
+
+
+def test_stats_that_contradict_their_table_are_one_line_exit_2(tmp_path):
+    """Statistics a trace of this table could not give: more distinct ids than rows, more distinct
+    ids in a batch than ids in it, a hit rate that falls as the cache grows."""
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text("hardware: cpu_gloo\ncluster: {world_size: 2}\ntraining: {batch_size_per_rank: 32}\n"
+                      "tables:\n  - {name: t, num_embeddings: 1000, embedding_dim: 16, pooling_factor: 2.0}\n")
+    save_stats({"t": trace_access("t", zipf_batches(1000, 1.0, 64, 20), 1000, 64)}, tmp_path / "good.json", "test")
+    good = json.loads((tmp_path / "good.json").read_text())
+    cases = {
+        "distinct_ids": (10**9, "table 't' has 1,000,000,000 distinct ids but 1,000 rows; profile this config's data"),
+        "unique_ids_per_batch": (10**7, "unique_ids_per_batch 10,000,000 exceeds the ids of a batch (64 samples x pooling"),
+        "lru_hit_rate": ([0.9] + [0.1] * (len(good["tables"]["t"]["lru_hit_rate"]) - 1), "hit rates must not fall as the cache grows"),
+    }
+    for field, (value, message) in cases.items():
+        doc = json.loads(json.dumps(good))
+        doc["tables"]["t"][field] = value
+        (tmp_path / f"{field}.json").write_text(json.dumps(doc))
+        r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", str(config), "--stats", str(tmp_path / f"{field}.json"),
+                            "--out", str(tmp_path / "p.json")], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, (field, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "plan", str(config), "--stats", str(tmp_path / "good.json"),
+                        "--out", str(tmp_path / "p.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

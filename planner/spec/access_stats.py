@@ -44,6 +44,8 @@ class HitRateCurve:
             raise ConfigError("hit-rate curve: cache_fractions must increase")
         if any(not 0.0 <= h <= 1.0 for h in self.hit_rates) or any(not 0.0 < f <= 1.0 for f in self.cache_fractions):
             raise ConfigError("hit-rate curve: fractions must lie in (0, 1] and hit rates in [0, 1]")
+        if any(b < a for a, b in zip(self.hit_rates, self.hit_rates[1:])):
+            raise ConfigError("hit-rate curve: hit rates must not fall as the cache grows")
 
     def at(self, cache_fraction: float) -> float:
         """Linear between tabulated sizes, through (0, 0); flat past the largest."""
@@ -295,7 +297,7 @@ def load_stats(path: str | Path) -> dict[str, TableAccess]:
     for name, t in doc["tables"].items():
         try:
             fractions = tuple(float(x) for x in t["cache_fractions"])
-            out[name] = TableAccess(
+            access = TableAccess(
                 name=name,
                 batch_size=int(t["batch_size"]),
                 pooling_factor=float(t["pooling_factor"]),
@@ -304,12 +306,27 @@ def load_stats(path: str | Path) -> dict[str, TableAccess]:
                 lru=HitRateCurve(fractions, tuple(float(x) for x in t["lru_hit_rate"])),
                 lfu=HitRateCurve(fractions, tuple(float(x) for x in t["lfu_hit_rate"])),
             )
+            out[name] = _consistent(access)
         except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: an integer past float range
             raise ConfigError(f"stats file {path}: table {name!r} has a missing or malformed field ({str(e)[:80]}); "
                               f"re-run 'dlrm-scale profile'") from None
         except ConfigError as e:
             raise ConfigError(f"stats file {path}: table {name!r}: {e}") from None
     return out
+
+
+def _consistent(access: TableAccess) -> TableAccess:
+    """Statistics that can describe a trace: counts not negative, no more distinct ids in a batch
+    than ids in it (its samples times the pooling factor)."""
+    if access.batch_size <= 0 or access.pooling_factor < 0 or access.distinct_ids < 0 or access.unique_ids_per_batch < 0:
+        raise ConfigError("batch_size must be positive and pooling_factor, distinct_ids and unique_ids_per_batch "
+                          "non-negative; re-run 'dlrm-scale profile'")
+    ids = access.batch_size * access.pooling_factor
+    if access.unique_ids_per_batch > ids * (1 + 1e-9):
+        raise ConfigError(f"unique_ids_per_batch {access.unique_ids_per_batch:,.0f} exceeds the ids of a batch "
+                          f"({access.batch_size:,} samples x pooling {access.pooling_factor:g} = {ids:,.0f}); "
+                          f"re-run 'dlrm-scale profile'")
+    return access
 
 
 @lru_cache(maxsize=4096)

@@ -366,6 +366,11 @@ def with_access_stats(problem: PlanningProblem, stats_path: str | Path) -> Plann
     unknown = sorted(set(access) - {t.name for t in problem.tables})
     if unknown:
         raise ConfigError(f"stats file {stats_path} describes table {unknown[0]!r} that the config does not have; profile this config")
+    for table in problem.tables:
+        stats = access.get(table.name)
+        if stats is not None and stats.distinct_ids > table.num_embeddings:
+            raise ConfigError(f"stats file {stats_path}: table {table.name!r} has {stats.distinct_ids:,} distinct ids but "
+                              f"{table.num_embeddings:,} rows; profile this config's data")
     return replace(problem, access=access)
 
 
