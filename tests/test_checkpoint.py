@@ -284,3 +284,51 @@ def test_one_job_per_checkpoint_directory(tmp_path):
     message = run_on_ranks(_hold_lock, 1, str(tmp_path))
     assert "is in use by another job (pid" in message
     assert not (tmp_path / ".step_000000003.tmp").exists()  # a dead job's save, removed under the lock
+
+
+def _rewrite_manifest(step: Path, edit) -> None:
+    manifest = json.loads((step / "MANIFEST.json").read_text())
+    edit(manifest["files"])
+    (step / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_a_manifest_is_closed_and_a_crafted_one_is_skipped_and_named(tmp_path):
+    """A manifest names only plain files inside its checkpoint, all the loader reads and nothing
+    else: one that drops `.metadata` and names a file outside (with its true SHA-256), a symlink,
+    a missing rank file, an extra file, each makes the checkpoint damaged: skipped and named, the
+    older one resumed."""
+    import hashlib
+    import os
+
+    from dlrm_scale.training.checkpoint import verify
+
+    ck = tmp_path / "ck"
+    run_on_ranks(_train, 2, str(tmp_path / "o"), str(ck), 4, False, 2)
+    newest = ck / "step_000000004"
+    assert verify(newest) is None
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x" * 100)
+
+    def outside_instead_of_metadata(files):
+        files.pop(".metadata")
+        files["../../outside.bin"] = {"bytes": 100, "sha256": hashlib.sha256(b"x" * 100).hexdigest()}
+
+    def symlinked(step):
+        (step / "rank1.pt").unlink()
+        os.symlink(outside, step / "rank1.pt")
+
+    cases = {
+        "outside": (lambda step: _rewrite_manifest(step, outside_instead_of_metadata), "names '../../outside.bin', not a file inside"),
+        "metadata dropped": (lambda step: _rewrite_manifest(step, lambda f: f.pop(".metadata")), "does not list .metadata, which resuming reads"),
+        "rank file dropped": (lambda step: _rewrite_manifest(step, lambda f: f.pop("rank1.pt")), "does not list rank1.pt"),
+        "a rank's data dropped": (lambda step: _rewrite_manifest(step, lambda f: f.pop("__1_0.distcp")), "does not list __1_*.distcp"),
+        "symlink": (symlinked, "rank1.pt is a symlink"),
+        "extra file": (lambda step: (step / "extra.bin").write_bytes(b"?"), "extra.bin is not in its MANIFEST.json"),
+    }
+    for name, (craft, message) in cases.items():
+        case = tmp_path / name.replace(" ", "_")
+        shutil.copytree(ck, case, ignore=shutil.ignore_patterns(".lock"), symlinks=True)
+        craft(case / newest.name)
+        assert message in (verify(case / newest.name) or ""), name
+    case = tmp_path / "outside"
+    assert run_on_ranks(_resume_from, 2, str(case), None, 6) == 2  # the crafted step 4 skipped, step 2 resumed

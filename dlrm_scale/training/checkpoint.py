@@ -7,7 +7,7 @@ Layout of a checkpoint directory:
         .metadata, *.distcp    the sharded model and optimizer state (DCP)
         rank{r}.pt            each rank's RNG state
         meta.json             step, world size, plan digest
-        MANIFEST.json         every other file's size and SHA-256
+        MANIFEST.json         every other file's size and SHA-256: all of them, nothing else
         COMPLETE              written last, before the rename
     .step_000000130.tmp/   a save in progress (or one a crash interrupted: removed by the next job)
 
@@ -161,8 +161,8 @@ def _damage(directory: Path, name: str, expected: dict) -> str | None:
 
 
 def verify(path: Path) -> str | None:
-    """All ranks (or one process): why the checkpoint at `path` cannot be trusted, or None when every file
-    matches its manifest."""
+    """All ranks (or one process): why the checkpoint at `path` cannot be trusted, or None when its
+    manifest is closed (`unlisted`) and every file matches it."""
     try:
         files = json.loads((path / MANIFEST).read_text())["files"]
         if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
@@ -172,11 +172,42 @@ def verify(path: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         files, problem = {}, f"its {MANIFEST} is unreadable"
     else:
-        problem = None
+        problem = unlisted(path, files)
     names = sorted(files)
     found = _gather({n: _damage(path, n, files[n]) for n in _mine(names)}) if problem is None else {}
     damaged = [f"{n}: {found[n]}" for n in names if found.get(n)]
     return problem or (damaged[0] if damaged else None)
+
+
+def unlisted(path: Path, files: dict) -> str | None:
+    """What makes a manifest other than closed: a name that is not a plain file inside the
+    checkpoint, a symlink anywhere in it, a file the loader reads that it does not list (DCP's
+    `.metadata`, meta.json, each rank's data and RNG state), or a file on disk it does not list.
+    Anything a manifest leaves out would be read unverified; anything it names outside, verified
+    but read from elsewhere."""
+    for name in sorted(files):
+        parts = Path(name).parts
+        if Path(name).is_absolute() or not parts or ".." in parts or name != str(Path(*parts)):
+            return f"its {MANIFEST} names {name!r}, not a file inside the checkpoint"
+    links = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_symlink())
+    if links:
+        return f"{links[0]} is a symlink; a checkpoint holds plain files only"
+    on_disk = set(_files(path))
+    listed = set(files)
+    required = {".metadata", "meta.json"}
+    try:
+        world = int(json.loads((path / "meta.json").read_text())["world_size"]) if "meta.json" in on_disk else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its meta.json is unreadable"
+    required |= {f"rank{r}.pt" for r in range(world)}
+    missing = sorted(required - listed) + [f"__{r}_*.distcp" for r in range(world)
+                                          if not any(n.startswith(f"__{r}_") and n.endswith(".distcp") for n in listed)]
+    if missing:
+        return f"its {MANIFEST} does not list {missing[0]}, which resuming reads"
+    extra = sorted(on_disk - listed)
+    if extra:
+        return f"{extra[0]} is not in its {MANIFEST}"
+    return None
 
 
 class _MetadataUnpickler(pickle.Unpickler):
