@@ -365,8 +365,9 @@ def node_count(nnodes: str) -> int | None:
     return None if high else int(low)
 
 
-def preflight(args: argparse.Namespace, rest: list[str]) -> None:
-    """The trainer's flag, config and plan checks, run here so a mistake is one line, not a torchrun report."""
+def preflight(args: argparse.Namespace, rest: list[str]) -> Path:
+    """The trainer's flag, config and plan checks, run here so a mistake is one line, not a
+    torchrun report; the job's output folder."""
     from dlrm_scale.training.flags import check_given_plan, check_job, local_device, parse_args
 
     if args.nproc_per_node < 1:
@@ -395,6 +396,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> None:
                             (Path(trainer_args.store_dir) if trainer_args.store_dir else None, "store directory")):
         if directory is not None and directory.is_dir():
             JobLock(directory, what).release()  # busy: say so now (the job itself holds it while it runs)
+    return job.out_dir
 
 
 def run_train(args: argparse.Namespace, rest: list[str]) -> int:
@@ -403,7 +405,7 @@ def run_train(args: argparse.Namespace, rest: list[str]) -> int:
 
         print(LAUNCHER_HELP, end="")
         parse_args(["--help"])
-    preflight(args, rest)
+    out_dir = preflight(args, rest)
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     cmd = [torchrun, f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
     if args.rdzv_endpoint:
@@ -411,8 +413,47 @@ def run_train(args: argparse.Namespace, rest: list[str]) -> int:
     else:  # one node: the rendezvous and the process group's store listen on loopback only
         cmd += ["--master_addr=127.0.0.1"]
     cmd += ["-m", "dlrm_scale.train", *rest]
+    return launch(cmd, out_dir)
+
+
+def launch(cmd: list[str], out_dir: Path) -> int:
+    """torchrun, outlived by nothing: SIGTERM and SIGINT are passed to the workers, which stop at
+    an agreed step with a checkpoint of it (dlrm_scale/training/preemption.py), and torchrun is
+    killed with this process however it dies. Exit: torchrun's, or preemption.EXIT_CODE after a
+    stop, with one line saying where to resume from."""
+    from dlrm_scale.training import preemption
+
+    started = time.time()
     # torchrun's own default (one thread per worker), given here so that it prints no banner about it
-    return subprocess.call(cmd, env={"OMP_NUM_THREADS": "1", **os.environ})
+    proc = subprocess.Popen(cmd, env={"OMP_NUM_THREADS": "1", **os.environ}, preexec_fn=_die_with_parent)
+    signalled = []
+
+    def forward(signum, frame):
+        signalled.append(signum)
+        preemption.signal_workers(out_dir, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stop = preemption.stop_report(out_dir, started)
+    if stop is None:
+        return code
+    where = (f"checkpoint {stop['checkpoint']}; resume with the same command and --resume" if stop["checkpoint"]
+             else "no --checkpoint-dir, so nothing was saved")
+    print(f"stopped by {stop['signal']} after step {stop['step']}: {where}", file=sys.stderr)
+    return preemption.EXIT_CODE
+
+
+def _die_with_parent() -> None:
+    """In torchrun's process, before it starts: the kernel sends it SIGTERM when this launcher
+    dies, whatever kills it, and torchrun then stops its workers."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from dlrm_scale.training.host_group import host_group
 from dlrm_scale.training.lr_schedule import LRSchedule
 from dlrm_scale.training.metrics import MetricsLog, WindowReport
 from dlrm_scale.training.phases import step_runner
+from dlrm_scale.training.preemption import Preemption
 from dlrm_scale.training.prefetch import batch_source
 from dlrm_scale.training.resume import NO_BAD_STEP, Checkpoints
 from planner.plan.document import Plan
@@ -45,6 +46,7 @@ class Trainer:
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
                                        run.problem.training.embedding_optimizer, train.seed, rank)
+        self.preemption = Preemption(out_dir, rank)
 
     def run(self) -> None:
         locks = []
@@ -59,6 +61,7 @@ class Trainer:
             with self.meter.attached():
                 self._run(start)
         finally:
+            self.preemption.close()
             if self.cpu_kernel is not None:
                 self.cpu_kernel.close()
             for lock in locks:
@@ -102,10 +105,26 @@ class Trainer:
                 self._evaluate(done, pipeline, resume_training=not last)
             if due_checkpoint or due_log or due_eval:
                 self.timer.skip()  # logging, saving and evaluating are not training: no window counts them
+            if not last and self.preemption.agreed(done):
+                if losses:  # never a checkpoint of a model gone bad
+                    bad_step = bad_step if bad_step != NO_BAD_STEP else first_bad_step(torch.stack(losses).float(), first)
+                    self.checkpoints.stop_on_bad_loss(bad_step)
+                self._stop(done, saved=due_checkpoint)
+                break
         progress.close()
         if self.tiered is not None:
             self.tiered.flush()
         self.metrics.close()
+
+    def _stop(self, step: int, saved: bool) -> None:
+        """A signal asked the job to stop: the step just done is checkpointed (unless it was), so
+        that a resume loses nothing."""
+        path = None
+        if self.checkpoints.config.directory is not None:
+            path = ckpt.step_dir(self.checkpoints.config.directory, step) if saved else self.checkpoints.save(step)
+        self.metrics.log({"step": step, "stopped_by": self.preemption.signal_name or "a peer's signal",
+                          "checkpoint": str(path) if path else None})
+        self.preemption.record(step, path)
 
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> None:
         record = self.window.record(step, losses)

@@ -1,0 +1,71 @@
+"""Preemption as a cluster delivers it, on real processes: SIGTERM to `dlrm-scale train` or to
+torchrun stops the job at an agreed step with a checkpoint of it, leaves no process behind, and a
+resume goes on bitwise as if never stopped."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrm_scale.training.checkpoint import verify
+from dlrm_scale.training.preemption import EXIT_CODE
+
+pytestmark = pytest.mark.distributed
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train(tmp_path: Path, out: str, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", "configs/tiny.yaml",
+            "--steps", str(steps), "--deterministic", "--checkpoint-dir", str(tmp_path / "ck"), "--out-dir", str(tmp_path / out), *extra]
+
+
+def losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+
+
+def wait_for_step(out_dir: Path, step: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out_dir / "metrics.jsonl").exists() and max(losses(out_dir), default=0) >= step:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the job did not reach step {step}")
+
+
+def workers(out_dir: Path) -> list[int]:
+    return [int(p.read_text()) for p in (out_dir / ".workers").glob("*.pid")]
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+@pytest.mark.parametrize("target", ["launcher", "torchrun"])
+def test_a_sigterm_stops_at_a_checkpoint_and_the_resume_is_bitwise(tmp_path, target):
+    proc = subprocess.Popen(train(tmp_path, "stopped", 100_000), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(tmp_path / "stopped", 40, proc)
+    pids = workers(tmp_path / "stopped")
+    assert len(pids) == 2
+    os.kill(proc.pid if target == "launcher" else children(proc.pid)[0], signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CODE, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    step = int(line.split("after step ")[1].split(":")[0])
+    assert line == (f"stopped by SIGTERM after step {step}: checkpoint {tmp_path / 'ck' / f'step_{step:09d}'}; "
+                    f"resume with the same command and --resume")
+    assert verify(tmp_path / "ck" / f"step_{step:09d}") is None
+    assert max(losses(tmp_path / "stopped")) == step  # every step trained is in the checkpoint: none lost
+    time.sleep(1)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]  # no worker outlives the launcher
+    resumed = subprocess.run(train(tmp_path, "resumed", step + 20, "--resume"), cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole = subprocess.run(train(tmp_path / "whole", "whole", step + 20), cwd=ROOT, capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = losses(tmp_path / "whole" / "whole")
+    assert {s: expected[s] for s in losses(tmp_path / "stopped")} == losses(tmp_path / "stopped")
+    assert losses(tmp_path / "resumed") == {s: v for s, v in expected.items() if s > step}  # bitwise
