@@ -70,6 +70,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--deterministic": dict(action="store_true",
                             help="deterministic kernels; log every step's exact loss (plans that sum in the same order "
                                  "give bitwise equal losses, other plans and world sizes agree to about 1e-5)"),
+    "--collective-timeout": dict(type=float, default=300.0,
+                                 help="seconds a rank waits for its peers in a collective before the job stops, naming the "
+                                      "rank that fell behind (default 300)"),
     "--store-dir": dict(help="directory for the rows of tables the plan keeps on SSD (CPU tiering)"),
     "--store-io": dict(choices=STORE_IO,
                        help="the SSD store's reads: through the page cache with pread, copied from the files kept "

@@ -21,6 +21,7 @@ from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.host_group import init_host_group
+from dlrm_scale.training import watchdog
 from dlrm_scale.training.rank_end import end_rank
 from planner.spec.errors import ConfigError, PlannerError
 from planner.plan.document import Plan
@@ -49,7 +50,7 @@ def local_gpu(local_rank: int, gpus: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}")
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
+def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ:
         raise ConfigError("not started by torchrun: use 'torchrun --nproc_per_node N -m dlrm_scale.train ...' or 'dlrm-scale train'")
     die_with_launcher()
@@ -62,9 +63,11 @@ def init_distributed() -> tuple[int, int, torch.device]:
                           is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
     round_prefix = f"dlrm_scale/round{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     device = local_gpu(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()) if cuda else torch.device("cpu")
-    dist.init_process_group(backend="nccl" if cuda else "gloo", store=dist.PrefixStore(round_prefix, store),
-                            rank=rank, world_size=world)
-    init_host_group(cuda)
+    job_store = dist.PrefixStore(round_prefix, store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend="nccl" if cuda else "gloo", store=job_store, rank=rank, world_size=world, timeout=timeout)
+    init_host_group(cuda, timeout)
+    watchdog.init(job_store, rank, world, timeout_s)
     if cuda:
         torch.cuda.set_device(device)
     return rank, dist.get_world_size(), device
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
         job = check_job(parse_args(argv))
         quiet.install(job.out_dir / f"third_party_rank{os.environ.get('RANK', 0)}.log")
-        rank, world, device = init_distributed()
+        rank, world, device = init_distributed(job.collective_timeout_s)
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
         elsewhere = measured_elsewhere(run.profile) if device.type == "cpu" and rank == 0 else None
         if elsewhere:
@@ -119,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         check_plan_runs(plan, run, device.type, [rank])
         if rank == 0:
             plan.save(job.out_dir / "plan.json")
-        Trainer(run, plan, device, rank, world, job.out_dir, data_path=job.data_path, resume=job.resume).run()
+        trainer = Trainer(run, plan, device, rank, world, job.out_dir, data_path=job.data_path, resume=job.resume)
+        try:
+            trainer.run()
+        except RuntimeError as e:
+            if not watchdog.peer_failure(e):
+                raise
+            print(f"error: {watchdog.describe(trainer.step)}", file=sys.stderr, flush=True)
+            os._exit(watchdog.EXIT_CODE)  # no teardown: it would wait on the peer that is gone
         end_rank(0)
     except PlannerError as e:
         print(f"error: {e}", file=sys.stderr)

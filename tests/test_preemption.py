@@ -69,3 +69,22 @@ def test_a_sigterm_stops_at_a_checkpoint_and_the_resume_is_bitwise(tmp_path, tar
     expected = losses(tmp_path / "whole" / "whole")
     assert {s: expected[s] for s in losses(tmp_path / "stopped")} == losses(tmp_path / "stopped")
     assert losses(tmp_path / "resumed") == {s: v for s, v in expected.items() if s > step}  # bitwise
+
+
+def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
+    """SIGSTOP one rank: its peer stops waiting after --collective-timeout, names it and the step,
+    and no process is left."""
+    proc = subprocess.Popen(train(tmp_path, "hung", 100_000, "--collective-timeout", "5"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_step(tmp_path / "hung", 40, proc)
+    pids = {int(p.stem.rsplit("rank", 1)[1]): int(p.read_text()) for p in (tmp_path / "hung" / ".workers").glob("*.pid")}
+    os.kill(pids[1], signal.SIGSTOP)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    line = next(l for l in err.splitlines() if l.startswith("error: rank 0 waited 5 s at step"))
+    assert "for rank 1, which stopped answering; the job stops (resume with --resume" in line, line
+    # the timeout, the peers' answer, and torchrun's own grace before it kills the stopped rank (30 s)
+    assert time.monotonic() - start < 5 + 3 + 30 + 30
+    time.sleep(1)
+    assert not [p for p in pids.values() if Path(f"/proc/{p}").exists()]

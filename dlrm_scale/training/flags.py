@@ -5,6 +5,7 @@ is one line, not a traceback from every rank after minutes of start-up."""
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 
 TRAIN_FLAGS = ("--plan", "--ignore-plan-inputs", "--planner", "--steps", "--batch-size", "--comm-precision", "--embedding-optimizer",
                "--data", "--data-path", "--out-dir", "--seed", "--eval-every", "--no-pipeline", "--checkpoint-dir",
-               "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--store-dir",
+               "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--collective-timeout", "--store-dir",
                "--store-io", "--interaction", "--cpu-embeddings")
 
 
@@ -54,6 +55,7 @@ class TrainJob:
     out_dir: Path
     resume: bool
     ignore_plan_inputs: bool = False
+    collective_timeout_s: float = 300.0
 
     def on_cluster(self, world_size: int, ranks_per_node: int, device: str) -> RunConfig:
         """The run config on the job's real cluster (torchrun's ranks, torch's device)."""
@@ -107,9 +109,11 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
         raise ConfigError(f"--data-path {args.data_path} does not exist; check the path")
     if args.plan is not None:
         Plan.load(args.plan)
+    if not (math.isfinite(args.collective_timeout) and args.collective_timeout > 0):
+        raise ConfigError(f"--collective-timeout must be a positive number of seconds, got {args.collective_timeout}")
     writable_dir("--out-dir", Path(args.out_dir))
     return TrainJob(run, overrides, args.config, args.plan, args.planner, args.data_path if args.data == "criteo" else None,
-                    Path(args.out_dir), resume, args.ignore_plan_inputs)
+                    Path(args.out_dir), resume, args.ignore_plan_inputs, args.collective_timeout)
 
 
 def _checkpoint_config(args: argparse.Namespace, resume: bool) -> CheckpointConfig:

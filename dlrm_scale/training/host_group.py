@@ -14,10 +14,10 @@ import torch.distributed as dist
 _group: dist.ProcessGroup | None = None
 
 
-def init_host_group(cuda: bool) -> None:
-    """Every rank calls this once, after the default group is up."""
+def init_host_group(cuda: bool, timeout=None) -> None:
+    """Every rank calls this once, after the default group is up (`timeout`: its collectives', as the default group's)."""
     global _group
-    _group = dist.new_group(backend="gloo") if cuda else None
+    _group = dist.new_group(backend="gloo", timeout=timeout) if cuda else None
 
 
 def host_group() -> dist.ProcessGroup | None:

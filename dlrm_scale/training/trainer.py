@@ -47,6 +47,7 @@ class Trainer:
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
                                        run.problem.training.embedding_optimizer, train.seed, rank)
         self.preemption = Preemption(out_dir, rank)
+        self.step = 0  # the step in progress, for a line that names it
 
     def run(self) -> None:
         locks = []
@@ -85,6 +86,7 @@ class Trainer:
         # a progress bar on rank 0 when it has a terminal (tqdm stays quiet in logs)
         progress = tqdm(total=cfg.steps, initial=start_step, unit="step", disable=None if self.rank == 0 else True, mininterval=1.0)
         for step in range(start_step, cfg.steps):
+            self.step = step
             self.lr_schedule.step(step)
             losses.append(pipeline.progress(batches)[0])  # the loss, detached and not read (a host sync on a GPU)
             progress.update(1)
