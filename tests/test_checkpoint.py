@@ -332,3 +332,53 @@ def test_a_manifest_is_closed_and_a_crafted_one_is_skipped_and_named(tmp_path):
         assert message in (verify(case / newest.name) or ""), name
     case = tmp_path / "outside"
     assert run_on_ranks(_resume_from, 2, str(case), None, 6) == 2  # the crafted step 4 skipped, step 2 resumed
+
+
+def _save_on_a_full_disk(rank, world, root, mode):
+    """Train 6 steps, a checkpoint every 2, on a disk that fills: `enospc`, rank 1's save of step 4
+    fails with ENOSPC; `short`, no room for step 4 and nothing to remove; `tight`, no room for
+    step 6 until step 2 is removed."""
+    import collections
+    import errno
+    import shutil as shutil_module
+
+    from dlrm_scale.training import checkpoint as module
+
+    root = Path(root)
+    ck = root / "ck"
+    real_save, real_usage = module.torch.save, shutil_module.disk_usage
+    usage = collections.namedtuple("usage", "total used free")
+
+    def save(obj, path, *args, **kwargs):
+        if mode == "enospc" and rank == 1 and "000000004" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *args, **kwargs)
+
+    def disk_usage(path):
+        full = {"short": (ck / "step_000000002").exists(),
+                "tight": (ck / "step_000000002").exists() and (ck / "step_000000004").exists()}.get(mode, False)
+        return usage(10**12, 10**12, 0) if full else real_usage(path)
+
+    module.torch.save, module.shutil.disk_usage = save, disk_usage
+    trainer = make_trainer(rank, world, str(root / "o"), str(ck), 6, False, every_scheme_plan(problem()), 2)
+    try:
+        trainer.run()
+        return "ran"
+    except CheckpointError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("mode", ["enospc", "short", "tight"])
+def test_a_full_disk_ends_in_one_line_and_nothing_is_lost(tmp_path, mode):
+    from dlrm_scale.training.checkpoint import verify
+
+    outcome = run_on_ranks(_save_on_a_full_disk, 2, str(tmp_path), mode)
+    ck = tmp_path / "ck"
+    if mode == "tight":  # the oldest removed, the save made
+        assert outcome == "ran" and [s for s, _ in complete_checkpoints(ck)] == [4, 6]
+        return
+    why = "the disk filled up while saving" if mode == "enospc" else "it needs about"
+    assert outcome.startswith(f"checkpoint of step 4 in {ck}: {why}") and outcome.endswith(
+        f"the newest checkpoint is {ck / 'step_000000002'}; free space and resume with --resume"), outcome
+    assert [s for s, _ in complete_checkpoints(ck)] == [2] and verify(ck / "step_000000002") is None
+    assert not list(ck.glob(".step_*.tmp"))  # the failed save removed

@@ -22,6 +22,7 @@ gives, so a checkpoint saved under one plan (schemes, world size) loads under an
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import io
@@ -160,9 +161,10 @@ def _damage(directory: Path, name: str, expected: dict) -> str | None:
     return None
 
 
-def verify(path: Path) -> str | None:
-    """All ranks (or one process): why the checkpoint at `path` cannot be trusted, or None when its
-    manifest is closed (`unlisted`) and every file matches it."""
+def verify(path: Path, split: bool = True) -> str | None:
+    """All ranks (or one process; `split=False`: this rank alone, hashing every file): why the
+    checkpoint at `path` cannot be trusted, or None when its manifest is closed (`unlisted`) and
+    every file matches it."""
     try:
         files = json.loads((path / MANIFEST).read_text())["files"]
         if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
@@ -174,7 +176,12 @@ def verify(path: Path) -> str | None:
     else:
         problem = unlisted(path, files)
     names = sorted(files)
-    found = _gather({n: _damage(path, n, files[n]) for n in _mine(names)}) if problem is None else {}
+    if problem is not None:
+        found = {}
+    elif split:
+        found = _gather({n: _damage(path, n, files[n]) for n in _mine(names)})
+    else:
+        found = {n: _damage(path, n, files[n]) for n in names}
     damaged = [f"{n}: {found[n]}" for n in names if found.get(n)]
     return problem or (damaged[0] if damaged else None)
 
@@ -259,25 +266,45 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
     """Write a checkpoint of `step` atomically: all ranks write into a temporary directory
     (DCP state, RNG, and whatever `write_extra` adds, e.g. cached tables' stores), hash what
     they wrote into the manifest, then rank 0 marks it complete, renames it into place and
-    prunes to the newest `keep`. The caller holds the directory's JobLock."""
+    prunes to the newest `keep`. The caller holds the directory's JobLock.
+
+    A full disk never ends in a traceback or a partial save: first the room is checked against
+    the last checkpoint's size (`make_room`), and a save that still fills the disk is removed,
+    each ending in CheckpointError on every rank, naming the newest good checkpoint."""
     rank = dist.get_rank()
     tmp = directory / f".{PREFIX}{step:09d}.tmp"
     final = step_dir(directory, step)
+    short = None
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)  # left by a crash mid-save
-        tmp.mkdir()
-    dist.barrier()
-    dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
-    torch.save({"torch_rng": torch.get_rng_state()}, tmp / f"rank{rank}.pt")
-    if write_extra is not None:
-        write_extra(tmp)
-    dist.barrier()
-    if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": dist.get_world_size()}))
-    dist.barrier()
-    _write_manifest(tmp)
+        short = make_room(directory, keep, step)
+        if short is None:
+            tmp.mkdir()
+    _agree_or_raise(short)
+    try:
+        dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
+        torch.save({"torch_rng": torch.get_rng_state()}, tmp / f"rank{rank}.pt")
+        if write_extra is not None:
+            write_extra(tmp)
+        failed = None
+    except LOAD_ERRORS as e:
+        if not _disk_full(e):
+            raise
+        failed = "the disk filled up while saving"
+    _agree_or_raise(_full(directory, step, failed) if failed else None, cleanup=tmp)
+    try:
+        if rank == 0:
+            (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": dist.get_world_size()}))
+        dist.barrier()
+        _write_manifest(tmp)
+        failed = None
+    except OSError as e:
+        if not _disk_full(e):
+            raise
+        failed = "the disk filled up while saving"
+    _agree_or_raise(_full(directory, step, failed) if failed else None, cleanup=tmp)
     if rank == 0:
         (tmp / MARKER).write_text("")
         if final.exists():
@@ -287,6 +314,59 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def _disk_full(e: BaseException) -> bool:
+    """ENOSPC (or a quota's EDQUOT), directly or as DCP reports a rank's failed write."""
+    if isinstance(e, dcp.api.CheckpointException):
+        return any(_disk_full(err) for errors in e.failures.values() for err in (errors if isinstance(errors, list) else [errors])
+                   if isinstance(err, BaseException))
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or (e.__cause__ is not None and _disk_full(e.__cause__))
+
+
+def _bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def make_room(directory: Path, keep: int, step: int) -> str | None:
+    """Rank 0, before a save: room for one more checkpoint as large as the newest, freed by
+    removing the oldest checkpoints while more than the newest one that verifies is kept (and
+    `keep` allows more than one); else why not, in one line."""
+    found = complete_checkpoints(directory)
+    if not found:
+        return None
+    need = _bytes(found[-1][1])
+    good = None
+    while shutil.disk_usage(directory).free < need:
+        good = good or next((p for _, p in reversed(found) if verify(p, split=False) is None), None)
+        removable = [p for _, p in found if p != good]
+        if keep < 2 or not removable:
+            return _full(directory, step, f"it needs about {need:,} bytes")
+        shutil.rmtree(removable[0], ignore_errors=True)
+        log.warning("removed %s to make room for the next checkpoint in %s", removable[0], directory)
+        found = complete_checkpoints(directory)
+    return None
+
+
+def _full(directory: Path, step: int, why: str) -> str:
+    found = complete_checkpoints(directory)
+    return (f"checkpoint of step {step} in {directory}: {why}, and {shutil.disk_usage(directory).free:,} bytes are free; "
+            f"the newest checkpoint is {found[-1][1] if found else 'none'}; free space and resume with --resume")
+
+
+def _agree_or_raise(problem: str | None, cleanup: Path | None = None) -> None:
+    """All ranks: the first rank's problem, if any rank has one, raised on every rank (rank 0
+    removing `cleanup`, a save that cannot complete)."""
+    problems = [problem]
+    if _distributed():
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+    first = next((p for p in problems if p), None)
+    if first is None:
+        return
+    if cleanup is not None and dist.get_rank() == 0:
+        shutil.rmtree(cleanup, ignore_errors=True)
+    raise CheckpointError(first)
 
 
 def candidates(directory: Path, resume_from: str | None = None) -> list[tuple[int, Path]]:
