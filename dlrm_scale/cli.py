@@ -419,13 +419,18 @@ def run_train(args: argparse.Namespace, rest: list[str]) -> int:
 def launch(cmd: list[str], out_dir: Path) -> int:
     """torchrun, outlived by nothing: SIGTERM and SIGINT are passed to the workers, which stop at
     an agreed step with a checkpoint of it (dlrm_scale/training/preemption.py), and torchrun is
-    killed with this process however it dies. Exit: torchrun's, or preemption.EXIT_CODE after a
-    stop, with one line saying where to resume from."""
-    from dlrm_scale.training import preemption
+    killed with this process however it dies. torchrun's reports and the workers' stderr go to
+    OUT_DIR/launcher.log; the terminal gets the workers' stdout and one line at the end: where to
+    resume from after a stop (exit preemption.EXIT_CODE), a worker's error (its code: 2 for a
+    user error, dlrm_scale/training/outcome.py), or where the log is."""
+    from dlrm_scale.training import outcome, preemption
 
     started = time.time()
+    outcome.clear(out_dir)
     # torchrun's own default (one thread per worker), given here so that it prints no banner about it
-    proc = subprocess.Popen(cmd, env={"OMP_NUM_THREADS": "1", **os.environ}, preexec_fn=_die_with_parent)
+    env = {"OMP_NUM_THREADS": "1", **os.environ, outcome.LAUNCHED: "1"}
+    with open(out_dir / outcome.LOG, "a") as log:  # torchrun's reports and the workers' stderr
+        proc = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=_die_with_parent)
     signalled = []
 
     def forward(signum, frame):
@@ -440,6 +445,12 @@ def launch(cmd: list[str], out_dir: Path) -> int:
             signal.signal(sig, handler)
     stop = preemption.stop_report(out_dir, started)
     if stop is None:
+        error = outcome.reported(out_dir)
+        if error is not None:
+            print(f"error: {error['line']}", file=sys.stderr)
+            return error["code"]
+        if code:
+            print(f"error: the job ended with exit code {code}; what it printed is in {out_dir / outcome.LOG}", file=sys.stderr)
         return code
     where = (f"checkpoint {stop['checkpoint']}; resume with the same command and --resume" if stop["checkpoint"]
              else "no --checkpoint-dir, so nothing was saved")

@@ -21,7 +21,7 @@ from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.host_group import init_host_group
-from dlrm_scale.training import watchdog
+from dlrm_scale.training import outcome, watchdog
 from dlrm_scale.training.rank_end import end_rank
 from planner.spec.errors import ConfigError, PlannerError
 from planner.plan.document import Plan
@@ -108,6 +108,7 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    job = None
     try:
         from dlrm_scale.training.trainer import Trainer
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
         elsewhere = measured_elsewhere(run.profile) if device.type == "cpu" and rank == 0 else None
         if elsewhere:
-            print(f"warning: {elsewhere}", file=sys.stderr, flush=True)
+            print(f"warning: {elsewhere}", flush=True)
         plan = obtain_plan(job, run, rank)
         check_plan_runs(plan, run, device.type, [rank])
         if rank == 0:
@@ -128,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             if not watchdog.peer_failure(e):
                 raise
-            print(f"error: {watchdog.describe(trainer.step)}", file=sys.stderr, flush=True)
+            line = watchdog.describe(trainer.step)
+            outcome.report(job.out_dir, rank, line, watchdog.EXIT_CODE)
+            print(f"error: {line}", file=sys.stderr, flush=True)
             os._exit(watchdog.EXIT_CODE)  # no teardown: it would wait on the peer that is gone
         end_rank(0)
     except PlannerError as e:
+        outcome.report(job.out_dir if job is not None else None, int(os.environ.get("RANK", 0)), str(e), 2)
         print(f"error: {e}", file=sys.stderr)
         return 2
 

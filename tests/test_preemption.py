@@ -88,3 +88,29 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(tmp_path):
     assert time.monotonic() - start < 5 + 3 + 30 + 30
     time.sleep(1)
     assert not [p for p in pids.values() if Path(f"/proc/{p}").exists()]
+
+
+def test_a_workers_error_is_the_launchers_one_line_and_torchruns_report_goes_to_the_log(tmp_path):
+    """Every checkpoint damaged: the ranks find it only once they run. The terminal gets one line
+    and exit 2; torchrun's banner and traceback are in the run's launcher.log."""
+    made = subprocess.run(train(tmp_path, "first", 20, "--checkpoint-every", "10"), cwd=ROOT, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    for f in (tmp_path / "ck").glob("step_*/*.distcp"):
+        f.write_bytes(f.read_bytes()[:100])
+    r = subprocess.run(train(tmp_path, "again", 40, "--resume"), cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: no checkpoint in"), r.stderr[-2000:]
+    assert "ChildFailedError" in (tmp_path / "again" / "launcher.log").read_text()
+
+
+def test_a_checkpoint_of_other_tables_is_refused_before_launch(tmp_path):
+    made = subprocess.run(train(tmp_path, "first", 10), cwd=ROOT, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    config = tmp_path / "wider.yaml"
+    config.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace("embedding_dim: 16", "embedding_dim: 32", 1))
+    cmd = train(tmp_path, "again", 20, "--resume")
+    cmd[cmd.index("configs/tiny.yaml")] = str(config)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert "cannot be resumed under this config: table" in r.stderr and "x 16 there" in r.stderr and "x 32 here" in r.stderr
+    assert not (tmp_path / "again" / "launcher.log").exists()  # refused before torchrun started

@@ -42,14 +42,13 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
+from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, complete_checkpoints, step_dir
 from planner.spec.errors import PlannerError
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception
 LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 
-PREFIX = "step_"
-MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 LOCK = ".lock"
 HASH_CHUNK_BYTES = 8 << 20
@@ -57,24 +56,6 @@ HASH_CHUNK_BYTES = 8 << 20
 
 class CheckpointError(PlannerError):
     """A checkpoint directory is unusable: missing, partial, corrupted or for another model."""
-
-
-def step_dir(directory: Path, step: int) -> Path:
-    return directory / f"{PREFIX}{step:09d}"
-
-
-def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint, oldest first; partial ones are skipped."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for p in directory.iterdir():
-        if p.is_dir() and p.name.startswith(PREFIX) and (p / MARKER).exists():
-            try:
-                found.append((int(p.name[len(PREFIX):]), p))
-            except ValueError:
-                continue
-    return sorted(found)
 
 
 def plan_digest(plan_dict: dict) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dlrm_scale import options
+from dlrm_scale.training.checkpoint_layout import complete_checkpoints, saved_tables
 from dlrm_scale.run_config import CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.spec.errors import ConfigError
 from planner.plan.document import Plan, check_plan_inputs, check_plan_tables
@@ -99,6 +100,8 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     resume = args.resume or args.resume_from is not None
     checkpoint = _checkpoint_config(args, resume)
     run = load_run_config(args.config, overrides, checkpoint)
+    if resume:
+        check_resumable(run)
     training = run.problem.training
     check_precisions_trainable({}, training.fwd_comm_precision, training.bwd_comm_precision, device or local_device())
     if training.embedding_optimizer not in TRAINABLE_EMBEDDING_OPTIMIZERS:
@@ -114,6 +117,26 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     writable_dir("--out-dir", Path(args.out_dir))
     return TrainJob(run, overrides, args.config, args.plan, args.planner, args.data_path if args.data == "criteo" else None,
                     Path(args.out_dir), resume, args.ignore_plan_inputs, args.collective_timeout)
+
+
+def check_resumable(run: RunConfig) -> None:
+    """Before any rank starts: the checkpoint a resume takes holds this config's tables, by name
+    and shape (the plan and world size may differ: loading reshards)."""
+    directory, chosen = run.checkpoint.directory, run.checkpoint.resume_from
+    found = complete_checkpoints(directory)
+    if chosen is not None:
+        found = [(s, p) for s, p in found if (str(s) == chosen if chosen.isdigit() else p.resolve() == Path(chosen).resolve())]
+    saved = saved_tables(found[-1][1]) if found else None
+    if saved is None:
+        return
+    here = {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}
+    differ = [n for n in sorted(set(saved) | set(here)) if saved.get(n) != here.get(n)]
+    if differ:
+        n = differ[0]
+        what = (f"table {n!r} is not in it" if n not in saved else f"it has table {n!r}, which this config lacks" if n not in here
+                else f"table {n!r} is {saved[n][0]:,} x {saved[n][1]} there, {here[n][0]:,} x {here[n][1]} here")
+        raise ConfigError(f"checkpoint {found[-1][1]} cannot be resumed under this config: {what}; resume under the config it was "
+                          f"saved with, or start afresh without --resume")
 
 
 def _checkpoint_config(args: argparse.Namespace, resume: bool) -> CheckpointConfig:
