@@ -453,7 +453,7 @@ def launch(cmd: list[str], out_dir: Path) -> int:
             print(f"error: the job ended with exit code {code}; what it printed is in {out_dir / outcome.LOG}", file=sys.stderr)
         return code
     where = (f"checkpoint {stop['checkpoint']}; resume with the same command and --resume" if stop["checkpoint"]
-             else "no --checkpoint-dir, so nothing was saved")
+             else "nothing was saved (no --checkpoint-dir, or --no-checkpoint-on-signal)")
     print(f"stopped by {stop['signal']} after step {stop['step']}: {where}", file=sys.stderr)
     return preemption.EXIT_CODE
 

@@ -70,6 +70,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--deterministic": dict(action="store_true",
                             help="deterministic kernels; log every step's exact loss (plans that sum in the same order "
                                  "give bitwise equal losses, other plans and world sizes agree to about 1e-5)"),
+    "--no-checkpoint-on-signal": dict(action="store_true",
+                                      help="on SIGTERM or SIGINT, stop at the agreed step without writing a checkpoint of it "
+                                           "(by default one is written when there is a --checkpoint-dir)"),
     "--collective-timeout": dict(type=float, default=300.0,
                                  help="seconds a rank waits for its peers in a collective before the job stops, naming the "
                                       "rank that fell behind (default 300)"),

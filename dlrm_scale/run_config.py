@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     pipeline: bool = True
     deterministic: bool = False  # deterministic kernels, every step's exact loss logged
+    checkpoint_on_signal: bool = True  # SIGTERM/SIGINT: stop at an agreed step with a checkpoint of it (when there is a directory)
     store_dir: str | None = None  # where cached tables planned on SSD keep their rows (CPU)
     prefetch_thread: bool = False  # read the next batch's missed rows in a thread (needs a spare core per rank)
     store_io: str | None = None  # one of STORE_IO: how the SSD store reads rows (None: as cpu_kernels says)
@@ -171,6 +172,7 @@ class Overrides:
     interaction: str | None = None
     no_pipeline: bool = False
     deterministic: bool = False
+    no_checkpoint_on_signal: bool = False
 
     @classmethod
     def from_args(cls, args: Any, **given: Any) -> Overrides:
@@ -210,6 +212,8 @@ class Overrides:
             out["pipeline"] = False
         if self.deterministic:
             out.update(deterministic=True, log_every=1)
+        if self.no_checkpoint_on_signal:
+            out["checkpoint_on_signal"] = False
         return out
 
 

@@ -114,3 +114,14 @@ def test_a_checkpoint_of_other_tables_is_refused_before_launch(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
     assert "cannot be resumed under this config: table" in r.stderr and "x 16 there" in r.stderr and "x 32 here" in r.stderr
     assert not (tmp_path / "again" / "launcher.log").exists()  # refused before torchrun started
+
+
+def test_without_checkpoint_on_signal_a_stop_saves_nothing(tmp_path):
+    proc = subprocess.Popen(train(tmp_path, "o", 100_000, "--no-checkpoint-on-signal"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_step(tmp_path / "o", 20, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CODE, err[-2000:]
+    assert err.strip().endswith("nothing was saved (no --checkpoint-dir, or --no-checkpoint-on-signal)")
+    assert not list((tmp_path / "ck").glob("step_*"))

@@ -33,7 +33,7 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 
 TRAIN_FLAGS = ("--plan", "--ignore-plan-inputs", "--planner", "--steps", "--batch-size", "--comm-precision", "--embedding-optimizer",
                "--data", "--data-path", "--out-dir", "--seed", "--eval-every", "--no-pipeline", "--checkpoint-dir",
-               "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--collective-timeout", "--store-dir",
+               "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--no-checkpoint-on-signal", "--collective-timeout", "--store-dir",
                "--store-io", "--interaction", "--cpu-embeddings")
 
 

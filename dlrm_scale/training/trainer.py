@@ -122,7 +122,7 @@ class Trainer:
         """A signal asked the job to stop: the step just done is checkpointed (unless it was), so
         that a resume loses nothing."""
         path = None
-        if self.checkpoints.config.directory is not None:
+        if self.checkpoints.config.directory is not None and (saved or self.config.checkpoint_on_signal):
             path = ckpt.step_dir(self.checkpoints.config.directory, step) if saved else self.checkpoints.save(step)
         self.metrics.log({"step": step, "stopped_by": self.preemption.signal_name or "a peer's signal",
                           "checkpoint": str(path) if path else None})
