@@ -124,3 +124,34 @@ def test_named_profiles_are_found_among_the_shipped_ones_then_the_users(tmp_path
         assert "measured_on:" in hardware_path(fitted).read_text()
     with pytest.raises(ConfigError, match=r"unknown hardware profile 'nobox'; use one of .*cpu_xeon_m207.*mybox"):
         hardware_path("nobox")
+
+
+def test_an_unpooled_table_is_planned_and_refused_where_it_cannot_go(tmp_path):
+    """`pooled: false` (an EmbeddingCollection's table) plans, survives the run record, and is
+    refused in one line by the trainer (DLRM's tables are pooled) and by TorchRec's estimators."""
+    import subprocess
+    import sys
+
+    from dlrm_scale.run_config import load_run_config
+    from dlrm_scale.run_record import run_document, run_from_document
+
+    config = tmp_path / "ec.yaml"
+    config.write_text("hardware: cpu_gloo\ncluster: {world_size: 2}\ntraining: {batch_size_per_rank: 256}\ntables:\n"
+                      "  - {name: history, num_embeddings: 100000, embedding_dim: 32, pooling_factor: 20.0, pooled: false}\n"
+                      "  - {name: user, num_embeddings: 50000, embedding_dim: 32, pooling_factor: 1.0}\n")
+    run = load_run_config(config)
+    assert [t.pooled for t in run.problem.tables] == [False, True]
+    assert [t.pooled for t in run_from_document(run_document(run), "record").problem.tables] == [False, True]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "dlrm_scale.cli", *args], capture_output=True, text=True)
+
+    assert cli("plan", str(config), "--out", str(tmp_path / "p.json")).returncode == 0
+    for r, message in ((cli("train", "--config", str(config), "--steps", "2", "--out-dir", str(tmp_path / "o")),
+                        "table 'history' is unpooled (pooled: false, an EmbeddingCollection's); dlrm-scale train builds DLRM"),
+                       (cli("plan", str(config), "--out", str(tmp_path / "q.json"), "--cost-model", "torchrec"),
+                        "table 'history' is unpooled: TorchRec's estimators are asked here for pooled tables only")):
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    config.write_text(config.read_text().replace("pooled: false", "pooled: 0"))
+    r = cli("plan", str(config), "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "'pooled' must be true or false, got 0" in r.stderr

@@ -237,3 +237,44 @@ def test_a_column_split_table_costs_every_rank_its_permute_back_into_column_orde
     assert split.every_rank.compute_ms == 0 and split.every_rank.input_dist_ms == 0
     assert split.ranks_sharing == 4 and split.max_shard_ms == pytest.approx(split.shard_ms.max() + 2 * permute)
     assert whole.every_rank_ms == 0 and whole.ranks_sharing == 0
+
+
+def test_an_unpooled_table_sends_a_row_per_id_by_hand():
+    """An EmbeddingCollection's table (pooled=False): 2 ranks of one node, 256 samples a rank, 8 ids
+    a sample, dim 16 in fp32, link 100 GB/s, no fixed costs. Table-wise, its rank sends a row per
+    id of the global batch: 512 x 8 x 16 x 4 = 262,144 bytes, half of it to the other rank:
+    131,072 B / 100 GB/s = 0.00131072 ms, and the same back for the gradients. Row-wise on 2 ranks
+    each block owns half the ids: half that. Pooled, the table sends a row per sample: 1/8 of it.
+    Its buffers hold a row per id: 2 x 4,096 x 16 x 4 bytes beyond its rows."""
+    from planner.cost.cost_model import AnalyticCostModel, OptionRequest, rows_bytes
+    from planner.spec.specs import TableSpec, TrainingSpec
+    from planner.spec.schemes import shard_geometry
+    from planner.spec.types import ShardingType
+
+    cluster = make_cluster(ranks_per_node=2, intra_node_gb_per_s=100.0)
+    model = AnalyticCostModel(cluster, TrainingSpec(batch_size_per_rank=256))
+
+    def option(pooled, st):
+        table = TableSpec("t", 1000, 16, 8.0, pooled=pooled)
+        geometries = tuple(shard_geometry(table, st, 1 if st is ShardingType.TABLE_WISE else 2))
+        return model.estimate([OptionRequest(table=table, sharding_type=st, compute_kernel="fused", tier="hbm", geometries=geometries)])[0]
+
+    tw = option(False, ShardingType.TABLE_WISE).shards[0].perf
+    assert tw.fwd_comms_ms == pytest.approx(0.00131072) and tw.bwd_comms_ms == pytest.approx(0.00131072)
+    rw = option(False, ShardingType.ROW_WISE).shards[0].perf
+    assert rw.fwd_comms_ms == pytest.approx(0.00131072 / 2)
+    assert option(True, ShardingType.TABLE_WISE).shards[0].perf.fwd_comms_ms == pytest.approx(0.00131072 / 8)
+    storage = option(False, ShardingType.TABLE_WISE).shards[0].storage.hbm_bytes
+    assert storage == rows_bytes(1000, 16, "rowwise_adagrad") + 2 * 4096 * 16 * 4
+
+
+def test_an_unpooled_table_is_offered_only_what_torchrec_shards_it_with():
+    from planner.spec.schemes import shard_counts
+    from planner.spec.specs import TableSpec
+    from planner.spec.types import ShardingType
+
+    cluster = make_cluster(num_nodes=2, ranks_per_node=4)
+    table = TableSpec("t", 10_000, 64, 4.0, pooled=False)
+    assert shard_counts(table, ShardingType.TABLE_ROW_WISE, cluster) == [] == shard_counts(table, ShardingType.TABLE_COLUMN_WISE, cluster)
+    assert shard_counts(table, ShardingType.ROW_WISE, cluster) == [8]
+    assert shard_counts(TableSpec("p", 10_000, 64, 4.0), ShardingType.TABLE_ROW_WISE, cluster) == [4]

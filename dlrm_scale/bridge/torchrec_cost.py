@@ -31,6 +31,7 @@ from dlrm_scale.bridge.sharding_plan import from_sharding_plan
 from planner.cost.cost_model import OptionRequest
 from planner.plan.document import Plan
 from planner.plan.inputs import PlanInputs
+from planner.spec.errors import ConfigError
 from planner.spec.specs import ClusterSpec, CostConstants, TableSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import Perf, ShardCost, ShardingOption, Storage
@@ -91,6 +92,10 @@ class TorchRecEstimates:
     """TorchRec's perf and storage estimators for one problem, over a meta-device collection."""
 
     def __init__(self, problem: PlanningProblem) -> None:
+        unpooled = [t.name for t in problem.tables if not t.pooled]
+        if unpooled:  # its collection here is an EmbeddingBagCollection: it would price the table as pooled
+            raise ConfigError(f"table {unpooled[0]!r} is unpooled: TorchRec's estimators are asked here for pooled tables only; "
+                              f"plan it with --cost-model ours, without --compare torchrec")
         self.problem = problem
         self.topology = torchrec_topology(problem.cluster)
         self.constraints = constraints_for(problem.tables)

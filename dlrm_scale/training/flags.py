@@ -104,6 +104,10 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
         check_resumable(run)
     training = run.problem.training
     check_precisions_trainable({}, training.fwd_comm_precision, training.bwd_comm_precision, device or local_device())
+    unpooled = [t.name for t in run.problem.tables if not t.pooled]
+    if unpooled:
+        raise ConfigError(f"table {unpooled[0]!r} is unpooled (pooled: false, an EmbeddingCollection's); dlrm-scale train "
+                          f"builds DLRM, whose tables are pooled: plan it with 'dlrm-scale plan' and train it in your own TorchRec code")
     if training.embedding_optimizer not in TRAINABLE_EMBEDDING_OPTIMIZERS:
         raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(TRAINABLE_EMBEDDING_OPTIMIZERS)} to train")
     if args.data == "criteo" and not args.data_path:

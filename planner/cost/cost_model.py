@@ -12,6 +12,7 @@ a hardware profile. dlrm_scale.bridge.torchrec_cost implements it from TorchRec'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
@@ -361,10 +362,11 @@ def cache_index_bytes(rows: int, slots: int, policy: str, tier: str, device: str
     return slots * (9 + (1 if lfu else 0)) + rows * ((4 if tier == "ssd" else 0) + (1 if lfu else 0))
 
 
-def shard_storage_bytes(rows: int, cols: int, optimizer: str, samples: int) -> int:
+def shard_storage_bytes(rows: int, cols: int, optimizer: str, outputs: int) -> int:
     """Bytes a shard holds in the tier it computes from: its rows (or its cache's rows), and
-    its pooled output and gradient buffers for the `samples` it serves per step."""
-    return rows_bytes(rows, cols, optimizer) + 2 * samples * cols * WEIGHT_BYTES
+    its output and gradient buffers for the `outputs` it serves per step (a pooled table's
+    samples, an unpooled one's ids)."""
+    return rows_bytes(rows, cols, optimizer) + 2 * outputs * cols * WEIGHT_BYTES
 
 
 class AnalyticCostModel:
@@ -435,6 +437,10 @@ class AnalyticCostModel:
         row_blocks = st in ROW_SCHEMES
         # every rank splits its own samples' ids of a row-wise table by row block
         ids_in = input_distribution_ms(lookups, cl, local_batch * pooling if row_blocks else 0.0)
+        if not table.pooled:  # a row out per id looked up, sent back to its sample's rank: an all-to-all for every scheme
+            out_fwd, out_bwd = row_comm_bytes(lookups, g.cols, fwd_p), row_comm_bytes(lookups, g.cols, bwd_p)
+            return Perf(fwd_compute, all_to_all_ms(out_fwd, cl) + shard_comm_ms(out_fwd, cl), bwd_compute,
+                        all_to_all_ms(out_bwd, cl) + shard_comm_ms(out_bwd, cl), ids_in)
         # every scheme's shard puts its pooled sums for the global batch into the collective
         out_fwd, out_bwd = row_comm_bytes(global_batch, g.cols, fwd_p), row_comm_bytes(global_batch, g.cols, bwd_p)
         if row_blocks:  # partial sums reduce-scattered forward; the backward all-gathers gradients
@@ -452,6 +458,8 @@ class AnalyticCostModel:
         samples = self.training.batch_size_per_rank * (
             1 if req.sharding_type is ShardingType.DATA_PARALLEL else self.cluster.world_size
         )
+        if not req.table.pooled:  # its buffers hold a row per id
+            samples = math.ceil(samples * req.table.pooling_factor)
         opt = self.training.embedding_optimizer
         if not req.cached:
             return Storage(**{f"{req.tier}_bytes": shard_storage_bytes(g.rows, g.cols, opt, samples)})

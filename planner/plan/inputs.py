@@ -28,7 +28,8 @@ def hardware_digest(cluster: ClusterSpec) -> str:
 
 def tables_digest(problem: PlanningProblem) -> str:
     """The tables as the cost model sees them: shapes, pooling and skew, in order."""
-    return _digest([[t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor, t.zipf_exponent] for t in problem.tables])
+    return _digest([[t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor, t.zipf_exponent] + ([] if t.pooled else ["unpooled"])
+                    for t in problem.tables])
 
 
 def planner_version() -> str:

@@ -35,6 +35,8 @@ DEFAULT_HARDWARE = "a100_zionex"
 
 PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering", "constraints")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
+# A config's tables may also say `pooled: false` (an EmbeddingCollection's table); a CSV holds numbers only.
+CONFIG_TABLE_KEYS = TABLE_KEYS + ("pooled",)
 # Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
 PROFILE_KEYS = {
     "name": "name",
@@ -289,7 +291,7 @@ def tables_from_config(entries: Any, where: str) -> list[TableSpec]:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: tables[{i}] must be a mapping with name, num_embeddings, embedding_dim")
-        check_keys(entry, TABLE_KEYS, f"{where}: tables[{i}]")
+        check_keys(entry, CONFIG_TABLE_KEYS, f"{where}: tables[{i}]")
         try:
             tables.append(TableSpec(**entry))
         except TypeError as e:

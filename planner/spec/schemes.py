@@ -120,6 +120,10 @@ def shard_geometry(table: TableSpec, sharding_type: ShardingType, num_shards: in
     raise ValueError(f"unknown sharding type {sharding_type!r}")
 
 
+# What TorchRec's EmbeddingCollectionSharder shards an unpooled table with.
+UNPOOLED_SCHEMES = (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
+
+
 def shard_counts(
     table: TableSpec, sharding_type: ShardingType, cluster: ClusterSpec, int8_comms: bool = False
 ) -> list[int]:
@@ -129,6 +133,8 @@ def shard_counts(
     """
     world, local = cluster.world_size, cluster.ranks_per_node
     if int8_comms and not int8_allows(sharding_type):
+        return []
+    if not table.pooled and sharding_type not in UNPOOLED_SCHEMES:
         return []
     if sharding_type is ShardingType.TABLE_WISE:
         return [1]

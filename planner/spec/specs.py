@@ -90,6 +90,10 @@ class TableSpec:
     embedding_dim: int
     pooling_factor: float = 1.0  # ids looked up per sample, on average
     zipf_exponent: float | None = None  # access skew, when known
+    # False: an EmbeddingCollection's table (sequence features): each id's row is an output of
+    # its own, not summed into its sample's; TorchRec shards these table-, column-, row-wise or
+    # replicated only.
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         owner = f"table '{self.name}'"
@@ -103,6 +107,8 @@ class TableSpec:
                 f"which FBGEMM's kernels need; use {self.embedding_dim + 4 - self.embedding_dim % 4}"
             )
         _positive(owner, "pooling_factor", self.pooling_factor)
+        if not isinstance(self.pooled, bool):
+            raise ConfigError(f"{owner}: 'pooled' must be true or false, got {self.pooled!r}")
         if self.zipf_exponent is not None and (
             not isinstance(self.zipf_exponent, (int, float)) or isinstance(self.zipf_exponent, bool)
             or not 0 <= self.zipf_exponent <= MAX_ZIPF_EXPONENT
