@@ -264,28 +264,21 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
         if short is None:
             tmp.mkdir()
     _agree_or_raise(short)
-    try:
+
+    def state() -> None:
         dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(tmp))
         torch.save({"torch_rng": torch.get_rng_state()}, tmp / f"rank{rank}.pt")
         if write_extra is not None:
             write_extra(tmp)
-        failed = None
-    except LOAD_ERRORS as e:
-        if not _disk_full(e):
-            raise
-        failed = "the disk filled up while saving"
-    _agree_or_raise(_full(directory, step, failed) if failed else None, cleanup=tmp)
-    try:
+
+    def meta_file() -> None:
         if rank == 0:
             (tmp / "meta.json").write_text(json.dumps({**meta, "step": step, "world_size": dist.get_world_size()}))
-        dist.barrier()
-        _write_manifest(tmp)
-        failed = None
-    except OSError as e:
-        if not _disk_full(e):
-            raise
-        failed = "the disk filled up while saving"
-    _agree_or_raise(_full(directory, step, failed) if failed else None, cleanup=tmp)
+
+    # each part on every rank, then the ranks agree (which orders the parts: meta.json exists before it is hashed)
+    for part in (state, meta_file, lambda: _write_manifest(tmp)):
+        failed = _written(part)
+        _agree_or_raise(_full(directory, step, failed) if failed else None, cleanup=tmp)
     if rank == 0:
         (tmp / MARKER).write_text("")
         if final.exists():
@@ -295,6 +288,18 @@ def save(directory: Path, step: int, model: torch.nn.Module, optimizer, meta: di
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def _written(part: Callable[[], None]) -> str | None:
+    """Run one part of a save: None when it wrote, what happened when the disk filled up; any
+    other failure raised as it is."""
+    try:
+        part()
+        return None
+    except LOAD_ERRORS as e:
+        if not _disk_full(e):
+            raise
+        return "the disk filled up while saving"
 
 
 def _disk_full(e: BaseException) -> bool:
