@@ -125,3 +125,12 @@ def test_without_checkpoint_on_signal_a_stop_saves_nothing(tmp_path):
     assert proc.returncode == EXIT_CODE, err[-2000:]
     assert err.strip().endswith("nothing was saved (no --checkpoint-dir, or --no-checkpoint-on-signal)")
     assert not list((tmp_path / "ck").glob("step_*"))
+
+
+def test_gloos_words_for_a_peer_gone_are_recognised():
+    from dlrm_scale.training.watchdog import peer_failure
+
+    for message in ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete",
+                    "Application timeout caused pair closure", "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1"):
+        assert peer_failure(RuntimeError(message)), message
+    assert not peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) and not peer_failure(ValueError("timeout"))

@@ -14,7 +14,9 @@ import time
 
 EXIT_CODE = 124  # as timeout(1) exits: the job stopped waiting
 ANSWER_S = 3.0  # how long the ranks still running have to say so
-_PEER_FAILURE = re.compile(r"Timed out waiting|Connection closed by peer|Connection reset by peer|Broken pipe")
+# gloo's words for a peer gone quiet or away ("Timed out waiting 5000ms for recv", "Application
+# timeout caused pair closure", "Connection closed by peer", ...)
+_PEER_FAILURE = re.compile(r"timed out|timeout|connection closed by peer|connection reset by peer|broken pipe", re.IGNORECASE)
 
 _store = None
 _rank, _world, _timeout_s = 0, 1, 0.0
