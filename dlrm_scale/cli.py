@@ -425,16 +425,15 @@ def launch(cmd: list[str], out_dir: Path) -> int:
     user error, dlrm_scale/training/outcome.py), or where the log is."""
     from dlrm_scale.training import outcome, preemption
 
-    started = time.time()
-    outcome.clear(out_dir)
+    outcome.clear(out_dir)  # a former run's error and stop are not this one's
+    (out_dir / preemption.STOPPED).unlink(missing_ok=True)
     # torchrun's own default (one thread per worker), given here so that it prints no banner about it
     env = {"OMP_NUM_THREADS": "1", **os.environ, outcome.LAUNCHED: "1"}
     with open(out_dir / outcome.LOG, "a") as log:  # torchrun's reports and the workers' stderr
-        proc = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=_die_with_parent)
-    signalled = []
+        # torchrun gets SIGTERM when this launcher dies, whatever kills it, and then stops its workers
+        proc = subprocess.Popen(cmd, env=env, stderr=log, preexec_fn=lambda: preemption.die_with_parent(signal.SIGTERM))
 
     def forward(signum, frame):
-        signalled.append(signum)
         preemption.signal_workers(out_dir, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
@@ -443,7 +442,7 @@ def launch(cmd: list[str], out_dir: Path) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    stop = preemption.stop_report(out_dir, started)
+    stop = preemption.stop_report(out_dir)
     if stop is None:
         error = outcome.reported(out_dir)
         if error is not None:
@@ -456,15 +455,6 @@ def launch(cmd: list[str], out_dir: Path) -> int:
              else "nothing was saved (no --checkpoint-dir, or --no-checkpoint-on-signal)")
     print(f"stopped by {stop['signal']} after step {stop['step']}: {where}", file=sys.stderr)
     return preemption.EXIT_CODE
-
-
-def _die_with_parent() -> None:
-    """In torchrun's process, before it starts: the kernel sends it SIGTERM when this launcher
-    dies, whatever kills it, and torchrun then stops its workers."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import signal
@@ -21,25 +20,18 @@ from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.host_group import init_host_group
-from dlrm_scale.training import outcome, watchdog
+from dlrm_scale.training import outcome, preemption, watchdog
 from dlrm_scale.training.rank_end import end_rank
 from planner.spec.errors import ConfigError, PlannerError
 from planner.plan.document import Plan
 from planner.plan.planning import make_plan
 from planner.spec.schemes import check_precisions_trainable
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def die_with_launcher() -> None:
     """torchrun starts each worker in a process group of its own, so killing the launcher's
-    group would leave the workers training, and writing checkpoints, on their own: ask the
-    kernel to kill this worker when its parent (torchrun's agent) dies."""
-    if sys.platform.startswith("linux"):
-        parent = os.getppid()
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the agent died before the request took effect
-            os._exit(1)
+    group would leave the workers training, and writing checkpoints, on their own: the kernel
+    kills this worker when its parent (torchrun's agent) dies."""
+    preemption.die_with_parent(signal.SIGKILL)
 
 
 def local_gpu(local_rank: int, gpus: int) -> torch.device:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrm_scale.training.checkpoint import candidates, read_meta
+from dlrm_scale.training.checkpoint import read_meta
+from dlrm_scale.training.checkpoint_layout import candidates
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
 from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config

@@ -42,8 +42,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
-from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, complete_checkpoints, step_dir
-from planner.spec.errors import PlannerError
+from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, CheckpointError, complete_checkpoints, step_dir
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception
@@ -52,10 +51,6 @@ LOAD_ERRORS = (Exception, dcp.api.CheckpointException)
 MANIFEST = "MANIFEST.json"
 LOCK = ".lock"
 HASH_CHUNK_BYTES = 8 << 20
-
-
-class CheckpointError(PlannerError):
-    """A checkpoint directory is unusable: missing, partial, corrupted or for another model."""
 
 
 def plan_digest(plan_dict: dict) -> str:
@@ -353,28 +348,6 @@ def _agree_or_raise(problem: str | None, cleanup: Path | None = None) -> None:
     if cleanup is not None and dist.get_rank() == 0:
         shutil.rmtree(cleanup, ignore_errors=True)
     raise CheckpointError(first)
-
-
-def candidates(directory: Path, resume_from: str | None = None) -> list[tuple[int, Path]]:
-    """The checkpoints a resume may use, newest first: all complete ones, or the one
-    `resume_from` names (a step number or a checkpoint's path)."""
-    if not directory.is_dir():
-        raise CheckpointError(f"--checkpoint-dir {directory} does not exist; check the path, or drop --resume to start afresh")
-    found = complete_checkpoints(directory)
-    if resume_from is None:
-        return found[::-1]
-    if resume_from.isdigit():
-        chosen = [(s, p) for s, p in found if s == int(resume_from)]
-        if not chosen:
-            have = ", ".join(str(s) for s, _ in found) or "none"
-            raise CheckpointError(f"--resume-from {resume_from}: no complete checkpoint of that step in {directory} (steps: {have})")
-        return chosen
-    path = Path(resume_from)
-    chosen = [(s, p) for s, p in found if p.resolve() == path.resolve()]
-    if not chosen:
-        raise CheckpointError(f"--resume-from {resume_from} is not a complete checkpoint in {directory}; "
-                              f"give a step number or one of its step_* folders")
-    return chosen
 
 
 def read_meta(path: Path) -> dict:

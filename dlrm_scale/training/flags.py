@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dlrm_scale import options
-from dlrm_scale.training.checkpoint_layout import complete_checkpoints, saved_tables
+from dlrm_scale.training.checkpoint_layout import candidates, saved_tables
 from dlrm_scale.run_config import CheckpointConfig, Overrides, RunConfig, load_run_config
 from planner.spec.errors import ConfigError
 from planner.plan.document import Plan, check_plan_inputs, check_plan_tables
@@ -126,11 +126,8 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
 def check_resumable(run: RunConfig) -> None:
     """Before any rank starts: the checkpoint a resume takes holds this config's tables, by name
     and shape (the plan and world size may differ: loading reshards)."""
-    directory, chosen = run.checkpoint.directory, run.checkpoint.resume_from
-    found = complete_checkpoints(directory)
-    if chosen is not None:
-        found = [(s, p) for s, p in found if (str(s) == chosen if chosen.isdigit() else p.resolve() == Path(chosen).resolve())]
-    saved = saved_tables(found[-1][1]) if found else None
+    found = candidates(run.checkpoint.directory, run.checkpoint.resume_from)  # newest first
+    saved = saved_tables(found[0][1]) if found else None
     if saved is None:
         return
     here = {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}
@@ -139,7 +136,7 @@ def check_resumable(run: RunConfig) -> None:
         n = differ[0]
         what = (f"table {n!r} is not in it" if n not in saved else f"it has table {n!r}, which this config lacks" if n not in here
                 else f"table {n!r} is {saved[n][0]:,} x {saved[n][1]} there, {here[n][0]:,} x {here[n][1]} here")
-        raise ConfigError(f"checkpoint {found[-1][1]} cannot be resumed under this config: {what}; resume under the config it was "
+        raise ConfigError(f"checkpoint {found[0][1]} cannot be resumed under this config: {what}; resume under the config it was "
                           f"saved with, or start afresh without --resume")
 
 

@@ -10,10 +10,12 @@ for the agreement itself, so that the launcher reads it without importing torch.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -21,7 +23,18 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 CHECK_STEPS = 10  # at most this many steps pass between a signal and the stop: one collective of 8 bytes each time
 EXIT_CODE = 128 + signal.SIGTERM  # what `dlrm-scale train` exits with after a stop: a job ended by SIGTERM
 STOPPED = "stopped.json"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WORKERS = ".workers"
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask the kernel to send this process `signum` when its parent dies, however it dies
+    (PR_SET_PDEATHSIG, Linux); a parent gone before the request took effect ends it now."""
+    if sys.platform.startswith("linux"):
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def pid_file(out_dir: Path, rank: int) -> Path:
@@ -37,8 +50,6 @@ class Preemption:
                 signal.signal(sig, self._requested)
         pid_file(out_dir, rank).parent.mkdir(parents=True, exist_ok=True)
         pid_file(out_dir, rank).write_text(str(os.getpid()))
-        if rank == 0:
-            (out_dir / STOPPED).unlink(missing_ok=True)  # a former run's
 
     def _requested(self, signum: int, frame) -> None:
         self.signal_name = signal.Signals(signum).name
@@ -82,12 +93,9 @@ def signal_workers(out_dir: Path, signum: int) -> int:
     return sent
 
 
-def stop_report(out_dir: Path, since: float) -> dict | None:
-    """What rank 0 recorded of a stop during this launch (written after `since`), or None."""
-    path = out_dir / STOPPED
+def stop_report(out_dir: Path) -> dict | None:
+    """What rank 0 recorded of a stop (the launcher clears it before it launches), or None."""
     try:
-        if path.stat().st_mtime >= since:
-            return json.loads(path.read_text())
+        return json.loads((out_dir / STOPPED).read_text())
     except (OSError, ValueError):
-        pass
-    return None
+        return None

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from dlrm_scale.run_config import CheckpointConfig
 from dlrm_scale.training import checkpoint as ckpt
+from dlrm_scale.training.checkpoint_layout import candidates
 from dlrm_scale.training.host_group import host_group
 from planner.views.diff import diff_plans
 from planner.spec.errors import PlannerError
@@ -46,7 +47,7 @@ class Checkpoints:
         to go on from (0 when the directory holds none yet). A damaged checkpoint is skipped
         with a line saying why; when none verifies, nothing is resumed."""
         directory, resume_from = self.config.directory, self.config.resume_from
-        found = ckpt.candidates(directory, resume_from)
+        found = candidates(directory, resume_from)
         if not found:
             self._say(f"no complete checkpoint in {directory} to resume from; starting at step 0")
             return 0
