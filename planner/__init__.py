@@ -1,5 +1,6 @@
 """dlrm-scale's sharding planner: specs in, plan out. Imports numpy and OR-Tools only."""
 
+from planner.api import config_document, plan_tables, planning_problem
 from planner.spec.config import load_problem
 from planner.spec.errors import ConfigError, InfeasiblePlanError, PlanFormatError, PlannerError
 from planner.plan.document import Plan
@@ -10,5 +11,6 @@ from planner.spec.problem import PlanningProblem
 
 __all__ = [
     "ClusterSpec", "ConfigError", "InfeasiblePlanError", "Plan", "PlanFormatError", "PlannerError",
-    "PlanningProblem", "SolverConfig", "TableSpec", "TrainingSpec", "load_problem", "make_plan",
+    "PlanningProblem", "SolverConfig", "TableSpec", "TrainingSpec", "load_problem", "make_plan", "plan_tables",
+    "planning_problem", "config_document",
 ]

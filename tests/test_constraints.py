@@ -86,7 +86,11 @@ def test_an_infeasible_set_names_its_smallest_conflicting_subset():
     ({"tables": [{"match": "cat_0", "schemes": ["diagonal"]}]},
      "constraints: tables[0]: schemes must be a list of data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
      "table_column_wise; got ['diagonal']"),
-    ({"tables": [{"match": "cat_0"}]}, "constraints: tables[0]: constrains nothing; give schemes, kernels, tiers, max_shards, ranks or nodes"),
+    ({"tables": [{"match": "cat_0"}]},
+     "constraints: tables[0]: constrains nothing; give schemes, kernels, tiers, max_shards, min_shard_cols, cache_load_factors, ranks or nodes"),
+    ({"tables": [{"match": "cat_0", "min_shard_cols": 0}]}, "constraints: tables[0]: min_shard_cols must be a positive integer, got 0"),
+    ({"tables": [{"match": "cat_0", "cache_load_factors": [1.5]}]},
+     "constraints: tables[0]: cache_load_factors must be a list of fractions in (0, 1), got [1.5]"),
     ({"tables": [{"match": "cat_0", "max_shard": 2}]}, "constraints: tables[0]: unknown key 'max_shard'; did you mean 'max_shards'?"),
     ({"reserve_gib_per_rank": {"gpu": 2}}, "constraints: reserve_gib_per_rank must map tiers (hbm, ddr, ssd) to GiB, got {'gpu': 2}"),
     ({"reserve_gib_per_rank": {"hbm": 100}}, "constraints: reserve_gib_per_rank: hbm 100 GiB is more than a rank has (40.0 GiB)"),

@@ -3,6 +3,7 @@ import pytest
 from planner.cost import cost_model as cm
 from planner.cost.cost_model import AnalyticCostModel, OptionRequest
 from planner.spec.schemes import cache_rows, shard_geometry
+from planner.spec.errors import ConfigError
 from planner.spec.specs import TableSpec, TrainingSpec
 from planner.spec.types import ShardingType
 from tests.conftest import make_cluster
@@ -266,6 +267,28 @@ def test_an_unpooled_table_sends_a_row_per_id_by_hand():
     assert option(True, ShardingType.TABLE_WISE).shards[0].perf.fwd_comms_ms == pytest.approx(0.00131072 / 8)
     storage = option(False, ShardingType.TABLE_WISE).shards[0].storage.hbm_bytes
     assert storage == rows_bytes(1000, 16, "rowwise_adagrad") + 2 * 4096 * 16 * 4
+
+
+def test_a_table_read_by_two_features_sends_two_sums_a_sample_by_hand():
+    """An EmbeddingBagCollection table shared by two features (outputs_per_sample=2): 2 ranks of
+    one node, 256 samples a rank, dim 16 in fp32, link 100 GB/s, no fixed costs. Table-wise, its
+    rank sends two sums per sample of the global batch: 512 x 2 x 16 x 4 = 65,536 bytes, half to
+    the other rank: 32,768 B / 100 GB/s = 0.00032768 ms; its buffers hold two rows a sample."""
+    from planner.cost.cost_model import AnalyticCostModel, OptionRequest, rows_bytes
+    from planner.spec.specs import TableSpec, TrainingSpec
+    from planner.spec.schemes import shard_geometry
+    from planner.spec.types import ShardingType
+
+    cluster = make_cluster(ranks_per_node=2, intra_node_gb_per_s=100.0)
+    model = AnalyticCostModel(cluster, TrainingSpec(batch_size_per_rank=256))
+    table = TableSpec("t", 1000, 16, 3.0, outputs_per_sample=2.0)
+    option = model.estimate([OptionRequest(table, ShardingType.TABLE_WISE, "fused", "hbm",
+                                           tuple(shard_geometry(table, ShardingType.TABLE_WISE, 1)))])[0]
+    perf = option.shards[0].perf
+    assert perf.fwd_comms_ms == pytest.approx(0.00032768) and perf.bwd_comms_ms == pytest.approx(0.00032768)
+    assert option.shards[0].storage.hbm_bytes == rows_bytes(1000, 16, "rowwise_adagrad") + 2 * 1024 * 16 * 4
+    with pytest.raises(ConfigError, match="unpooled table sends a row per id"):
+        TableSpec("u", 1000, 16, 3.0, pooled=False, outputs_per_sample=2.0)
 
 
 def test_an_unpooled_table_is_offered_only_what_torchrec_shards_it_with():

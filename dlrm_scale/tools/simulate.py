@@ -117,7 +117,7 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
                + dense_overhead_ms(cluster))
     reduce = all_reduce_ms(4.0 * dense.params, cluster.world_size, cluster)
     host = host_overhead_ms(len(problem.tables), cluster)
-    regroup = value_passes_ms(training.batch_size_per_rank * sum(t.embedding_dim for t in problem.tables), cluster.costs.pooled_value_ns)
+    regroup = value_passes_ms(training.batch_size_per_rank * sum(t.outputs_per_sample * t.embedding_dim for t in problem.tables), cluster.costs.pooled_value_ns)
     # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
     types = [t.sharding_type for t in plan.tables.values()]
     runs = embedding_collectives(types)

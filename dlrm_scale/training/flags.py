@@ -108,6 +108,10 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     if unpooled:
         raise ConfigError(f"table {unpooled[0]!r} is unpooled (pooled: false, an EmbeddingCollection's); dlrm-scale train "
                           f"builds DLRM, whose tables are pooled: plan it with 'dlrm-scale plan' and train it in your own TorchRec code")
+    shared = [t.name for t in run.problem.tables if t.outputs_per_sample != 1]
+    if shared:
+        raise ConfigError(f"table {shared[0]!r} has outputs_per_sample {run.problem.tables_by_name[shared[0]].outputs_per_sample:g}; "
+                          f"dlrm-scale train builds DLRM, one feature per table: drop it, or train in your own TorchRec code")
     if training.embedding_optimizer not in TRAINABLE_EMBEDDING_OPTIMIZERS:
         raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(TRAINABLE_EMBEDDING_OPTIMIZERS)} to train")
     if args.data == "criteo" and not args.data_path:

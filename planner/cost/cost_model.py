@@ -311,7 +311,7 @@ def column_permute(table: TableSpec, cluster: ClusterSpec, training: TrainingSpe
     """What a table split by columns adds to every rank's collectives: the pooled sums arrive
     rank by rank, so TorchRec permutes them back into the table's column order (its output
     all-to-all's callback), each rank its own samples' full width, and their gradient back."""
-    ms = value_passes_ms(training.batch_size_per_rank * table.embedding_dim, cluster.costs.column_permute_value_ns)
+    ms = value_passes_ms(training.batch_size_per_rank * table.outputs_per_sample * table.embedding_dim, cluster.costs.column_permute_value_ns)
     return Perf(fwd_comms_ms=ms, bwd_comms_ms=ms)
 
 
@@ -442,13 +442,14 @@ class AnalyticCostModel:
             return Perf(fwd_compute, all_to_all_ms(out_fwd, cl) + shard_comm_ms(out_fwd, cl), bwd_compute,
                         all_to_all_ms(out_bwd, cl) + shard_comm_ms(out_bwd, cl), ids_in)
         # every scheme's shard puts its pooled sums for the global batch into the collective
-        out_fwd, out_bwd = row_comm_bytes(global_batch, g.cols, fwd_p), row_comm_bytes(global_batch, g.cols, bwd_p)
+        sums = global_batch * table.outputs_per_sample
+        out_fwd, out_bwd = row_comm_bytes(sums, g.cols, fwd_p), row_comm_bytes(sums, g.cols, bwd_p)
         if row_blocks:  # partial sums reduce-scattered forward; the backward all-gathers gradients
             fwd = reduce_scatter_ms(out_fwd, group, cl)
             bwd = all_gather_ms(out_bwd, group, cl)
             if st is ShardingType.TABLE_ROW_WISE:  # then each rank's 1/L of the node's sums goes out
-                fwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, fwd_p), cl)
-                bwd += all_to_all_ms(row_comm_bytes(global_batch / local, g.cols, bwd_p), cl)
+                fwd += all_to_all_ms(row_comm_bytes(sums / local, g.cols, fwd_p), cl)
+                bwd += all_to_all_ms(row_comm_bytes(sums / local, g.cols, bwd_p), cl)
         else:
             fwd = all_to_all_ms(out_fwd, cl)
             bwd = all_to_all_ms(out_bwd, cl)
@@ -458,8 +459,8 @@ class AnalyticCostModel:
         samples = self.training.batch_size_per_rank * (
             1 if req.sharding_type is ShardingType.DATA_PARALLEL else self.cluster.world_size
         )
-        if not req.table.pooled:  # its buffers hold a row per id
-            samples = math.ceil(samples * req.table.pooling_factor)
+        # its buffers hold a row per id (unpooled) or per pooled sum
+        samples = math.ceil(samples * (req.table.outputs_per_sample if req.table.pooled else req.table.pooling_factor))
         opt = self.training.embedding_optimizer
         if not req.cached:
             return Storage(**{f"{req.tier}_bytes": shard_storage_bytes(g.rows, g.cols, opt, samples)})

@@ -29,7 +29,7 @@ def hardware_digest(cluster: ClusterSpec) -> str:
 def tables_digest(problem: PlanningProblem) -> str:
     """The tables as the cost model sees them: shapes, pooling and skew, in order."""
     return _digest([[t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor, t.zipf_exponent] + ([] if t.pooled else ["unpooled"])
-                    for t in problem.tables])
+                    + ([] if t.outputs_per_sample == 1 else [t.outputs_per_sample]) for t in problem.tables])
 
 
 def planner_version() -> str:

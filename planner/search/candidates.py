@@ -62,7 +62,8 @@ def option_requests(
 
 
 def _signature(table: TableSpec, access: TableAccess | None) -> tuple:
-    return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent, access)
+    return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent, table.pooled,
+            table.outputs_per_sample, access)
 
 
 def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:

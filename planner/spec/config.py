@@ -36,7 +36,7 @@ DEFAULT_HARDWARE = "a100_zionex"
 PLANNER_SECTIONS = ("hardware", "cluster", "training", "tables", "tables_csv", "tiering", "constraints")
 TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "zipf_exponent")
 # A config's tables may also say `pooled: false` (an EmbeddingCollection's table); a CSV holds numbers only.
-CONFIG_TABLE_KEYS = TABLE_KEYS + ("pooled",)
+CONFIG_TABLE_KEYS = TABLE_KEYS + ("pooled", "outputs_per_sample")
 # Hardware profiles and the cluster section speak in GiB; the specs hold bytes.
 PROFILE_KEYS = {
     "name": "name",

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from planner.spec.errors import ConfigError, InfeasiblePlanError
-from planner.spec.schemes import KERNELS
+from planner.spec.schemes import COLUMN_SCHEMES, KERNELS
 from planner.spec.specs import GIB, MAX_COUNT, check_keys, short_repr
 from planner.spec.placement_rules import RankRules
 from planner.spec.types import TIERS, Placement, ShardingOption, ShardingType
 
-RULE_KEYS = ("match", "schemes", "kernels", "tiers", "max_shards", "ranks", "nodes")
+RULE_KEYS = ("match", "schemes", "kernels", "tiers", "max_shards", "min_shard_cols", "cache_load_factors", "ranks", "nodes")
 SECTION_KEYS = ("tables", "colocate", "apart", "reserve_gib_per_rank")
 RESERVE_KEY = "reserve_gib_per_rank"
 
@@ -73,6 +73,8 @@ class TableRule:
     kernels: tuple[str, ...] | None = None
     tiers: tuple[str, ...] | None = None
     max_shards: int | None = None
+    min_shard_cols: int | None = None  # a column-split shard's least width (TorchRec's min_partition)
+    cache_load_factors: tuple[float, ...] | None = None  # a cached option's cache share (TorchRec's cache_params.load_factor)
     ranks: frozenset[int] | None = None
     pinned_as: str = ""  # how the config gave the pin, to name it: "ranks 0/1" or "nodes 1"
     shape: Shape | None = None
@@ -90,6 +92,16 @@ class TableRule:
         max_shards = entry.get("max_shards")
         if max_shards is not None and (not isinstance(max_shards, int) or isinstance(max_shards, bool) or not 1 <= max_shards <= MAX_COUNT):
             raise ConfigError(f"{where}: max_shards must be a positive integer, got {short_repr(max_shards)}")
+        min_cols = entry.get("min_shard_cols")
+        if min_cols is not None and (not isinstance(min_cols, int) or isinstance(min_cols, bool) or not 1 <= min_cols <= MAX_COUNT):
+            raise ConfigError(f"{where}: min_shard_cols must be a positive integer, got {short_repr(min_cols)}")
+        factors = entry.get("cache_load_factors")
+        if factors is not None:
+            factors = [factors] if isinstance(factors, (int, float)) and not isinstance(factors, bool) else factors
+            if (not isinstance(factors, list) or not factors
+                    or any(not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f < 1 for f in factors)):
+                raise ConfigError(f"{where}: cache_load_factors must be a list of fractions in (0, 1), got {short_repr(entry['cache_load_factors'])}")
+            factors = tuple(float(f) for f in factors)
         if entry.get("ranks") is not None and entry.get("nodes") is not None:
             raise ConfigError(f"{where}: give ranks or nodes, not both")
         ranks = _indices(entry.get("ranks"), shape.world_size, where, "ranks", "rank")
@@ -100,9 +112,10 @@ class TableRule:
             pinned_as = f"nodes {'/'.join(map(str, nodes))}"
         rule = cls(match, _names(entry.get("schemes"), [s.value for s in ShardingType], where, "schemes"),
                    _names(entry.get("kernels"), KERNELS, where, "kernels"), _names(entry.get("tiers"), TIERS, where, "tiers"),
-                   max_shards, frozenset(ranks) if ranks is not None else None, pinned_as, shape, index)
-        if all(v is None for v in (rule.schemes, rule.kernels, rule.tiers, max_shards, ranks)):
-            raise ConfigError(f"{where}: constrains nothing; give schemes, kernels, tiers, max_shards, ranks or nodes")
+                   max_shards, min_cols, factors, frozenset(ranks) if ranks is not None else None, pinned_as, shape, index)
+        if all(v is None for v in (rule.schemes, rule.kernels, rule.tiers, max_shards, min_cols, factors, ranks)):
+            raise ConfigError(f"{where}: constrains nothing; give schemes, kernels, tiers, max_shards, min_shard_cols, "
+                              f"cache_load_factors, ranks or nodes")
         return rule
 
     def applies_to(self, table: str) -> bool:
@@ -113,6 +126,10 @@ class TableRule:
                 and (self.kernels is None or option.compute_kernel in self.kernels)
                 and (self.tiers is None or option.tier in self.tiers)
                 and (self.max_shards is None or len(option.shards) <= self.max_shards)
+                and (self.min_shard_cols is None or option.sharding_type not in COLUMN_SCHEMES
+                     or all(g.cols >= self.min_shard_cols for g in option.geometries))
+                and (self.cache_load_factors is None or option.cache_fraction >= 1.0
+                     or any(abs(option.cache_fraction - f) < 1e-9 for f in self.cache_load_factors))
                 and self._pin_allows(option))
 
     def _pin_allows(self, option: ShardingOption) -> bool:
@@ -126,7 +143,8 @@ class TableRule:
         return any(all(node * local + i in self.ranks for i in range(n)) for node in range(self.shape.world_size // local))
 
     def describe(self) -> str:
-        parts = [f"{k} {'/'.join(v) if isinstance(v, tuple) else v}" for k in ("schemes", "kernels", "tiers", "max_shards")
+        parts = [f"{k} {'/'.join(map(str, v)) if isinstance(v, tuple) else v}"
+                 for k in ("schemes", "kernels", "tiers", "max_shards", "min_shard_cols", "cache_load_factors")
                  if (v := getattr(self, k)) is not None]
         return f"constraints.tables[{self.index}] ({self.match!r}: {', '.join(parts + ([self.pinned_as] if self.pinned_as else []))})"
 

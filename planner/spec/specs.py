@@ -94,6 +94,10 @@ class TableSpec:
     # its own, not summed into its sample's; TorchRec shards these table-, column-, row-wise or
     # replicated only.
     pooled: bool = True
+    # Pooled sums each sample gets from the table: one per feature that reads it (a table shared
+    # by two features of an EmbeddingBagCollection sends two). An unpooled table's outputs are
+    # its ids (pooling_factor), so it keeps 1.
+    outputs_per_sample: float = 1.0
 
     def __post_init__(self) -> None:
         owner = f"table '{self.name}'"
@@ -109,6 +113,9 @@ class TableSpec:
         _positive(owner, "pooling_factor", self.pooling_factor)
         if not isinstance(self.pooled, bool):
             raise ConfigError(f"{owner}: 'pooled' must be true or false, got {self.pooled!r}")
+        _positive(owner, "outputs_per_sample", self.outputs_per_sample)
+        if not self.pooled and self.outputs_per_sample != 1:
+            raise ConfigError(f"{owner}: an unpooled table sends a row per id (its pooling_factor); drop 'outputs_per_sample'")
         if self.zipf_exponent is not None and (
             not isinstance(self.zipf_exponent, (int, float)) or isinstance(self.zipf_exponent, bool)
             or not 0 <= self.zipf_exponent <= MAX_ZIPF_EXPONENT
