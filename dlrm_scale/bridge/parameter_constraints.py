@@ -16,6 +16,7 @@ has the table of them):
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 from typing import Any, Mapping
 
@@ -32,8 +33,14 @@ from planner.spec.schemes import KERNELS, UNPOOLED_SCHEMES, cached_kernel_for, c
 from planner.spec.specs import PRECISION_ELEMENT_BYTES, TableSpec, TieringSpec
 from planner.spec.types import ShardingType as OurShardingType
 
+# Every field of ParameterConstraints, by what becomes of it; a field not listed (a newer
+# TorchRec's) is refused where it is set.
+PRICED_FIELDS = ("pooling_factors", "num_poolings", "batch_sizes", "feature_names", "is_weighted")
+CHOICE_FIELDS = ("sharding_types", "compute_kernels", "min_partition", "cache_params", "enforce_hbm")
 # Passed to TorchRec's ParameterSharding as the user gave them: FBGEMM runs with them.
 RUNTIME_FIELDS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype", "key_value_params")
+REFUSED_FIELDS = ("device_group", "use_virtual_table")  # unless at their defaults (or the topology's device)
+KNOWN_FIELDS = set(PRICED_FIELDS + CHOICE_FIELDS + RUNTIME_FIELDS + REFUSED_FIELDS)
 TORCHREC_SCHEMES = tuple(s.value for s in ShardingType)
 TORCHREC_KERNELS = tuple(k.value for k in EmbeddingComputeKernel)
 DTYPE_PRECISIONS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -61,6 +68,7 @@ def table_spec(t: ModuleTable, pc: ParameterConstraints | None, batch_size: int)
     n, where = len(features), f"constraints['{t.name}']"
     pooling, poolings, batches = [1.0] * n, [1.0] * n, [float(batch_size)] * n
     if pc is not None:
+        _check_known(pc, where)
         if pc.feature_names is not None and sorted(pc.feature_names) != sorted(features):
             raise ConfigError(f"{where}.feature_names {list(pc.feature_names)} are not the table's features {features}; give those")
         if not (n > 1 and list(pc.pooling_factors) == [POOLING_FACTOR]):  # TorchRec's default: one per feature
@@ -78,6 +86,13 @@ def table_spec(t: ModuleTable, pc: ParameterConstraints | None, batch_size: int)
     sums = sum(p * b for p, b in zip(poolings, batches)) / batch_size
     return TableSpec(t.name, t.config.num_embeddings, t.config.embedding_dim, ids, pooled=t.pooled,
                      outputs_per_sample=sums if t.pooled else 1.0)
+
+
+def _check_known(pc: ParameterConstraints, where: str) -> None:
+    for f in dataclasses.fields(pc):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name not in KNOWN_FIELDS and getattr(pc, f.name) != default:
+            raise ConfigError(f"{where}.{f.name}: dlrm-scale does not read it yet; drop it, or plan with TorchRec's planner")
 
 
 def _allowed(given: list[str] | None, known: tuple[str, ...], offered: list[str], where: str, field: str) -> list[str]:
