@@ -8,9 +8,10 @@ from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig
 from planner.spec.specs import ClusterSpec, TableSpec, TrainingSpec
 from planner.spec.problem import PlanningProblem
+from planner.views.report import format_plan
 
 __all__ = [
     "ClusterSpec", "ConfigError", "InfeasiblePlanError", "Plan", "PlanFormatError", "PlannerError",
-    "PlanningProblem", "SolverConfig", "TableSpec", "TrainingSpec", "load_problem", "make_plan", "plan_tables",
+    "PlanningProblem", "SolverConfig", "format_plan", "TableSpec", "TrainingSpec", "load_problem", "make_plan", "plan_tables",
     "planning_problem", "config_document",
 ]
