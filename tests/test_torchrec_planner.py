@@ -201,6 +201,13 @@ def test_enforce_hbm_keeps_the_table_in_device_memory_and_the_runtime_fields_pas
         True, False, BoundsCheckMode.WARNING, kv)
 
 
+def test_a_weighted_collection_may_say_so_and_fp32_outputs_on_this_device_pass():
+    weighted = bags(("w", 1000, 16, ["f"]), weighted=True)
+    _, plan = plan_with({"w": ParameterConstraints(is_weighted=True, output_dtype=DataType.FP32, device_group="cpu")}, module=weighted,
+                        sharders=[EmbeddingBagCollectionSharder()])
+    assert plan.plan[""]["w"].output_dtype == DataType.FP32
+
+
 @pytest.mark.parametrize("constraint, line", [
     (ParameterConstraints(sharding_types=["table_row_wise"]),
      "constraints['history'].sharding_types ['table_row_wise']: none of them is one its sharder runs and dlrm-scale plans"),
