@@ -76,6 +76,17 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--collective-timeout": dict(type=float, default=300.0,
                                  help="seconds a rank waits for its peers in a collective before the job stops, naming the "
                                       "rank that fell behind (default 300)"),
+    "--retune": dict(action="store_true",
+                     help="measure the job, refit its hardware profile to it, replan with least movement and reshard "
+                          "(through a checkpoint) when the predicted gain over the steps left outweighs the move; the fitted "
+                          "profile is written to OUT_DIR/fitted_profile.yaml"),
+    "--retune-warmup": dict(type=int, default=20, help="with --retune: steps after each (re)start not measured (default 20)"),
+    "--retune-window": dict(type=int, default=100, help="with --retune: steps measured before each decision (default 100)"),
+    "--retune-times": dict(type=int, default=3, help="with --retune: decisions at most (default 3)"),
+    "--retune-drift": dict(type=float, default=0.15,
+                           help="with --retune: measure and decide again when a window's step is this far from the refitted "
+                                "prediction (default 0.15)"),
+    "--drift-at": dict(type=int, metavar="STEP", help="synthetic data: from this step on, every table's hot ids move"),
     "--store-dir": dict(help="directory for the rows of tables the plan keeps on SSD (CPU tiering)"),
     "--store-io": dict(choices=STORE_IO,
                        help="the SSD store's reads: through the page cache with pread, copied from the files kept "

@@ -89,12 +89,13 @@ class TrainConfig:
     # hardware profile's cpu_kernels), TorchRec's own where the profile has no measurement
     cpu_embeddings: str | None = None  # one of CPU_EMBEDDINGS
     interaction: str | None = None  # one of INTERACTIONS
+    drift_at_step: int = 0  # synthetic data: from this step on every table's hot ids move (0: never)
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "eval_batches"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train: {name} must be positive, got {getattr(self, name)}")
-        for name in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every"):
+        for name in ("warmup_steps", "decay_start_step", "decay_steps", "eval_every", "drift_at_step"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train: {name} must be >= 0, got {getattr(self, name)}")
         if self.dense_optimizer not in DENSE_OPTIMIZERS:
@@ -111,6 +112,28 @@ class TrainConfig:
                 raise ConfigError(f"train: {name} must be an integer >= 0, got {value!r}")
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
+
+
+@dataclass(frozen=True)
+class RetuneConfig:
+    """The job measures itself, refits its profile, replans and reshards (dlrm_scale.tuning):
+    after `warmup_steps`, `window_steps` are measured; the next measurement starts when a
+    window's step drifts more than `drift` from the refitted prediction; at most `times`
+    decisions in a run."""
+
+    enabled: bool = False
+    warmup_steps: int = 20
+    window_steps: int = 100
+    times: int = 3
+    drift: float = 0.15
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_steps", "window_steps", "times"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup_steps" else 1):
+                raise ConfigError(f"--retune-{name.split('_')[0]}: must be a whole number >= {0 if name == 'warmup_steps' else 1}, got {value!r}")
+        if not (isinstance(self.drift, (int, float)) and 0 < self.drift < 10):
+            raise ConfigError(f"--retune-drift must be a fraction > 0 such as 0.15, got {self.drift!r}")
 
 
 @dataclass(frozen=True)
@@ -173,6 +196,7 @@ class Overrides:
     no_pipeline: bool = False
     deterministic: bool = False
     no_checkpoint_on_signal: bool = False
+    drift_at: int | None = None
 
     @classmethod
     def from_args(cls, args: Any, **given: Any) -> Overrides:
@@ -214,6 +238,8 @@ class Overrides:
             out.update(deterministic=True, log_every=1)
         if self.no_checkpoint_on_signal:
             out["checkpoint_on_signal"] = False
+        if self.drift_at is not None:
+            out["drift_at_step"] = self.drift_at
         return out
 
 
@@ -226,6 +252,7 @@ class RunConfig:
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: Path | None = None  # the hardware profile file it is priced with (None: a problem built in code)
+    retune: RetuneConfig = RetuneConfig()
 
     @property
     def tiering(self) -> TieringSpec:

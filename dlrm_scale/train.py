@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from dataclasses import replace
 import signal
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directo
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
 from dlrm_scale.training.host_group import init_host_group
 from dlrm_scale.training import outcome, preemption, watchdog
+from dlrm_scale.training import checkpoint_layout as ckpt_layout
 from dlrm_scale.training.rank_end import end_rank
+from dlrm_scale.tuning.tuner import Tuner
 from planner.spec.errors import ConfigError, PlannerError
 from planner.plan.document import Plan
 from planner.plan.planning import make_plan
@@ -99,11 +102,29 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
         check_store_directory(plan, ranks, Path(store) if store else None, training.embedding_optimizer, run.train.store_io)
 
 
+def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, out_dir: Path,
+                      data_path: str | None, resume: bool, tuner=None):
+    """Train `run` under `plan` and, each time the tuner moves the job, on under the new plan from
+    the checkpoint of the step it stopped at; yields each trainer as it starts."""
+    from dlrm_scale.training.trainer import Trainer
+
+    while True:
+        trainer = Trainer(run, plan, device, rank, world, out_dir, data_path=data_path, resume=resume, tuner=tuner)
+        yield trainer
+        trainer.run()
+        if trainer.next_plan is None:
+            return
+        plan = trainer.next_plan
+        check_plan_runs(plan, run, device.type, [rank])
+        if rank == 0:
+            plan.save(out_dir / "plan.json")
+        saved = ckpt_layout.step_dir(run.checkpoint.directory, trainer.stopped_at)
+        run, resume = replace(run, checkpoint=replace(run.checkpoint, resume_from=str(saved))), True
+
+
 def main(argv: list[str] | None = None) -> int:
     job = None
     try:
-        from dlrm_scale.training.trainer import Trainer
-
         job = check_job(parse_args(argv))
         quiet.install(job.out_dir / f"third_party_rank{os.environ.get('RANK', 0)}.log")
         rank, world, device = init_distributed(job.collective_timeout_s)
@@ -115,13 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         check_plan_runs(plan, run, device.type, [rank])
         if rank == 0:
             plan.save(job.out_dir / "plan.json")
-        trainer = Trainer(run, plan, device, rank, world, job.out_dir, data_path=job.data_path, resume=job.resume)
+        tuner = Tuner(run.retune, job.out_dir, str(run.profile), rank) if run.retune.enabled else None
+        trainer = None
         try:
-            trainer.run()
+            for trainer in train_under_plans(run, plan, device, rank, world, job.out_dir, job.data_path, job.resume, tuner):
+                pass
         except RuntimeError as e:
             if not watchdog.peer_failure(e):
                 raise
-            line = watchdog.describe(trainer.step)
+            line = watchdog.describe(trainer.step if trainer is not None else 0)
             outcome.report(job.out_dir, rank, line, watchdog.EXIT_CODE)
             print(f"error: {line}", file=sys.stderr, flush=True)
             os._exit(watchdog.EXIT_CODE)  # no teardown: it would wait on the peer that is gone

@@ -33,6 +33,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ModuleSharder, ShardingPlan, ShardingPlanner
 
+from dlrm_scale.bridge.broadcast import broadcast_text
 from dlrm_scale.bridge.module_tables import ModuleTable, embedding_optimizer, module_tables
 from dlrm_scale.bridge.parameter_constraints import comm_precisions, runtime_fields, table_rule, table_spec, tiering_section
 from dlrm_scale.bridge.sharding_plan import parameter_sharding
@@ -205,15 +206,3 @@ def default_topology(world_size: int | None) -> Topology:
         world_size = dist.get_world_size()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     return Topology(world_size=world_size, local_world_size=local, compute_device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def broadcast_text(pg: dist.ProcessGroup, text: str | None) -> str:
-    """Rank 0's `text` on every rank of `pg`, sent as bytes (its length first)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(pg) == "nccl" else torch.device("cpu")
-    data = (text or "").encode()
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, group=pg, group_src=0)
-    buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if pg.rank() == 0
-              else torch.empty(int(size.item()), dtype=torch.uint8, device=device))
-    dist.broadcast(buffer, group=pg, group_src=0)
-    return bytes(buffer.cpu().numpy()).decode()

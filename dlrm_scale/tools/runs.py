@@ -28,6 +28,17 @@ class MeasuredRun:
     phases_ms: tuple[dict[str, float], ...]  # per rank, ms per step by PHASE_GROUPS key (median over windows)
     step_ms: float  # median over windows: the slowest rank's sum of phases
     windows: int
+    window_steps_ms: tuple[float, ...] = ()  # each window's step, as step_ms takes them
+
+    @property
+    def spread(self) -> float:
+        """How far the windows' steps stray from one another: their interquartile range, relative
+        to their median (a window a checkpoint or a neighbour slowed does not count)."""
+        steps = self.window_steps_ms
+        if len(steps) < 2 or self.step_ms <= 0:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(steps, n=4)
+        return (q3 - q1) / self.step_ms
 
 
 def load_run(directory: str | Path, hardware: str | None = None, stats: str | Path | None = None) -> MeasuredRun:
@@ -67,8 +78,8 @@ def load_run(directory: str | Path, hardware: str | None = None, stats: str | Pa
                           f"(train more steps or log more often)")
     per_window = [_window_groups(metrics, number, entry, world) for number, entry in windows[WARM_UP_WINDOWS:]]
     phases = tuple({g: statistics.median(w[r][g] for w in per_window) for g in PHASE_GROUPS} for r in range(world))
-    step = statistics.median(max(sum(rank.values()) for rank in w) for w in per_window)
-    return MeasuredRun(directory, run, plan, phases, step, len(per_window))
+    steps = tuple(max(sum(rank.values()) for rank in w) for w in per_window)
+    return MeasuredRun(directory, run, plan, phases, statistics.median(steps), len(per_window), steps)
 
 
 def _window_groups(metrics: Path, number: int, entry: dict, world: int) -> list[dict[str, float]]:

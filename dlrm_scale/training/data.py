@@ -1,7 +1,9 @@
 """Synthetic recommendation data: Zipf-skewed multi-hot ids and labels from a hidden model.
 
 Each table's ids follow a Zipf law over a fixed random permutation of its rows (so hot rows
-are spread over row-wise shards, as hashed production ids are). Labels come from a hidden
+are spread over row-wise shards, as hashed production ids are). With `drift_at_step`, every
+table's permutation changes from that step on: the hot set moves, as production traffic's does,
+and a cache sized for the old one misses. Labels come from a hidden
 logistic model of the dense features and of a fixed per-row score of every looked-up id, so
 a model that learns its embeddings reaches an AUC clearly above 0.5.
 """
@@ -43,9 +45,10 @@ class ZipfIds:
     where inverting the tabulated CDF costs a 21-level binary search over 16 MB for N = 2M
     (~130 ns an id here: most of a training step's data time)."""
 
-    def __init__(self, num_rows: int, exponent: float, seed: int) -> None:
+    def __init__(self, num_rows: int, exponent: float, seed: int, drifted_seed: int | None = None) -> None:
         self.num_rows, self.s = num_rows, exponent
         self.perm = np.random.default_rng(seed).permutation(num_rows)
+        self.drifted = np.random.default_rng(drifted_seed).permutation(num_rows) if drifted_seed is not None else self.perm
         self._area_first = self._H(1.5) - 1.0  # the first rank's box, under the hat
         self._area_end = self._H(num_rows + 0.5)
         self._squeeze = 2.0 - self._H_inverse(self._H(2.5) - 2.0 ** -exponent)
@@ -73,8 +76,8 @@ class ZipfIds:
             todo = todo[~accept]
         return out
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return self.perm[self.ranks(n, rng)]
+    def sample(self, n: int, rng: np.random.Generator, drifted: bool = False) -> np.ndarray:
+        return (self.drifted if drifted else self.perm)[self.ranks(n, rng)]
 
 
 @dataclass
@@ -91,18 +94,18 @@ class SyntheticData:
     each from its own generator, so a rank draws only the chunks its slice overlaps."""
 
     def __init__(self, tables: Sequence[TableSpec], num_dense: int, global_batch: int, seed: int, rank: int = 0,
-                 world: int = 1) -> None:
+                 world: int = 1, drift_at_step: int = 0) -> None:
         if global_batch <= 0 or global_batch % world or not 0 <= rank < world:
             raise ValueError(f"a global batch of {global_batch} does not split evenly over {world} ranks for rank {rank}")
         self.tables = list(tables)
         self.num_dense = num_dense
         self.global_batch, self.batch_size = global_batch, global_batch // world
         self.first = rank * self.batch_size  # this rank's first sample in the global batch
-        self.seed = seed
+        self.seed, self.drift_at_step = seed, drift_at_step  # 0: the hot set never moves
         self.samplers = []
         for i, t in enumerate(self.tables):
             s = DEFAULT_ZIPF if t.zipf_exponent is None else t.zipf_exponent
-            ids = ZipfIds(t.num_embeddings, s, 20_011 + i)
+            ids = ZipfIds(t.num_embeddings, s, 20_011 + i, 50_021 + i if drift_at_step else None)
             self.samplers.append(_TableSampler(ids, _row_scores(t.num_embeddings, i), t.pooling_factor))
         hidden = np.random.default_rng(30_013)
         self.dense_weights = hidden.standard_normal(num_dense).astype(np.float32) / np.sqrt(num_dense)
@@ -115,10 +118,11 @@ class SyntheticData:
         dense = rng.standard_normal((b, self.num_dense)).astype(np.float32)
         logit = dense @ self.dense_weights
         lengths, values = [], []
+        drifted = 0 < self.drift_at_step <= step
         for sampler in self.samplers:
             # lengths: 1 + Poisson(p - 1) keeps every bag non-empty with mean p
             n = np.minimum(1 + rng.poisson(max(sampler.pooling_factor - 1.0, 0.0), size=b), MAX_POOLING)
-            ids = sampler.ids.sample(int(n.sum()), rng)
+            ids = sampler.ids.sample(int(n.sum()), rng, drifted)
             bag = np.repeat(np.arange(b), n)
             logit += np.bincount(bag, weights=sampler.scores[ids], minlength=b).astype(np.float32) / n
             lengths.append(n)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dlrm_scale import options
 from dlrm_scale.training.checkpoint_layout import candidates, saved_tables
-from dlrm_scale.run_config import CheckpointConfig, Overrides, RunConfig, load_run_config
+from dlrm_scale.run_config import CheckpointConfig, Overrides, RetuneConfig, RunConfig, load_run_config
 from planner.spec.errors import ConfigError
 from planner.plan.document import Plan, check_plan_inputs, check_plan_tables
 from planner.plan.inputs import PlanInputs
@@ -34,7 +34,8 @@ next batch overlaps the current one (TrainPipelineSparseDist).
 TRAIN_FLAGS = ("--plan", "--ignore-plan-inputs", "--planner", "--steps", "--batch-size", "--comm-precision", "--embedding-optimizer",
                "--data", "--data-path", "--out-dir", "--seed", "--eval-every", "--no-pipeline", "--checkpoint-dir",
                "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--no-checkpoint-on-signal", "--collective-timeout", "--store-dir",
-               "--store-io", "--interaction", "--cpu-embeddings")
+               "--store-io", "--interaction", "--cpu-embeddings", "--retune", "--retune-warmup", "--retune-window", "--retune-times",
+               "--retune-drift", "--drift-at")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +62,7 @@ class TrainJob:
     def on_cluster(self, world_size: int, ranks_per_node: int, device: str) -> RunConfig:
         """The run config on the job's real cluster (torchrun's ranks, torch's device)."""
         given = replace(self.overrides, world_size=world_size, ranks_per_node=ranks_per_node, device=device)
-        return load_run_config(self.config_path, given, self.run.checkpoint)
+        return replace(load_run_config(self.config_path, given, self.run.checkpoint), retune=self.run.retune)
 
 
 # What the trainer says to do with a plan made for other inputs.
@@ -99,7 +100,11 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     overrides = Overrides.from_args(args)
     resume = args.resume or args.resume_from is not None
     checkpoint = _checkpoint_config(args, resume)
-    run = load_run_config(args.config, overrides, checkpoint)
+    retune = _retune_config(args)
+    if retune.enabled and checkpoint.directory is None:  # a move goes through a checkpoint
+        checkpoint = replace(checkpoint, directory=Path(args.out_dir) / "checkpoints")
+        writable_dir("--out-dir", checkpoint.directory)
+    run = replace(load_run_config(args.config, overrides, checkpoint), retune=retune)
     if resume:
         check_resumable(run)
     training = run.problem.training
@@ -116,6 +121,11 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
         raise ConfigError(f"training: embedding_optimizer must be one of {', '.join(TRAINABLE_EMBEDDING_OPTIMIZERS)} to train")
     if args.data == "criteo" and not args.data_path:
         raise ConfigError("--data criteo needs --data-path")
+    if retune.enabled and retune.window_steps < 3 * run.train.log_every:
+        raise ConfigError(f"--retune-window {retune.window_steps} covers fewer than 3 logging windows of {run.train.log_every} steps "
+                          f"(train: log_every); raise --retune-window to {3 * run.train.log_every} or log more often")
+    if args.data == "criteo" and args.drift_at is not None:
+        raise ConfigError("--drift-at moves the hot ids of synthetic data; drop it with --data criteo")
     if args.data_path is not None and not Path(args.data_path).exists():
         raise ConfigError(f"--data-path {args.data_path} does not exist; check the path")
     if args.plan is not None:
@@ -142,6 +152,13 @@ def check_resumable(run: RunConfig) -> None:
                 else f"table {n!r} is {saved[n][0]:,} x {saved[n][1]} there, {here[n][0]:,} x {here[n][1]} here")
         raise ConfigError(f"checkpoint {found[0][1]} cannot be resumed under this config: {what}; resume under the config it was "
                           f"saved with, or start afresh without --resume")
+
+
+def _retune_config(args: argparse.Namespace) -> RetuneConfig:
+    given = [f for f in ("warmup", "window", "times", "drift") if getattr(args, f"retune_{f}") != options.FLAGS[f"--retune-{f}"]["default"]]
+    if given and not args.retune:
+        raise ConfigError(f"--retune-{given[0]} applies with --retune; add --retune or drop it")
+    return RetuneConfig(args.retune, args.retune_warmup, args.retune_window, args.retune_times, args.retune_drift)
 
 
 def _checkpoint_config(args: argparse.Namespace, resume: bool) -> CheckpointConfig:

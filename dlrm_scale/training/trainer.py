@@ -3,6 +3,7 @@ metrics, checkpoints and evaluation on their schedules."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -26,8 +27,12 @@ from planner.plan.document import Plan
 
 
 class Trainer:
+    """One plan's training. With a `tuner` (dlrm_scale.tuning.tuner), it may stop at a window's end
+    with a checkpoint of that step and `next_plan` set: the job goes on under that plan."""
+
     def __init__(self, run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, out_dir: Path,
-                 data_path: str | None = None, resume: bool = False) -> None:
+                 data_path: str | None = None, resume: bool = False, tuner=None) -> None:
+        began = time.monotonic()
         train = self.config = run.train
         self.plan, self.device, self.rank, self.world, self.resume = plan, device, rank, world, resume
         if train.deterministic:
@@ -48,6 +53,8 @@ class Trainer:
                                        run.problem.training.embedding_optimizer, train.seed, rank)
         self.preemption = Preemption(out_dir, rank)
         self.step = 0  # the step in progress, for a line that names it
+        self.tuner, self.next_plan, self.stopped_at = tuner, None, 0
+        self.build_s = time.monotonic() - began
 
     def run(self) -> None:
         locks = []
@@ -57,8 +64,13 @@ class Trainer:
             if self.config.store_dir and self.tiered is not None:
                 locks.append(ckpt.JobLock(Path(self.config.store_dir), "store directory"))
         try:
+            began = time.monotonic()
             start = self.checkpoints.restore(self.config.steps) if self.resume else 0
             self.metrics.log({"step": start, "run": self.run_record})  # what the windows after it measured
+            if self.tuner is not None:
+                moved = self.tuner.started(start, self.build_s, time.monotonic() - began)
+                if moved is not None:
+                    self.metrics.log(moved)
             with self.meter.attached():
                 self._run(start)
         finally:
@@ -98,11 +110,17 @@ class Trainer:
                 window = torch.stack(losses).float()
                 bad_step = bad_step if bad_step != NO_BAD_STEP else first_bad_step(window, first)
                 self.checkpoints.stop_on_bad_loss(bad_step)
+            move_to = None
             if due_log:
-                self._log_window(done, window, progress)
+                record = self._log_window(done, window, progress)
                 losses, first = [], done
-            if due_checkpoint:
+                if self.tuner is not None:
+                    move_to = self.tuner.after_window(done, record["step_ms"], cfg.steps, self.metrics.log, self.run_record)
+            if due_checkpoint or move_to is not None:  # a move goes on from a checkpoint of this step
                 self.metrics.log({"step": done, "checkpoint": str(self.checkpoints.save(done))})
+            if move_to is not None:
+                self.next_plan, self.stopped_at = move_to, done
+                break
             if due_eval:
                 self._evaluate(done, pipeline, resume_training=not last)
             if due_checkpoint or due_log or due_eval:
@@ -128,7 +146,7 @@ class Trainer:
                           "checkpoint": str(path) if path else None})
         self.preemption.record(step, path)
 
-    def _log_window(self, step: int, losses: torch.Tensor, progress) -> None:
+    def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
         record = self.window.record(step, losses)
         self.metrics.log(record)
         if self.tiered is not None:  # every rank's caches, summed over the window
@@ -142,6 +160,7 @@ class Trainer:
         progress.set_postfix(samples_per_s=f"{record['samples_per_s']:,.0f}")
         if self.rank == 0:
             tqdm.write(f"step {step}/{self.config.steps} loss {record['loss']:.4f} {record['samples_per_s']:,.0f} samples/s")
+        return record
 
     def _evaluate(self, step: int, pipeline, resume_training: bool) -> dict:
         pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one

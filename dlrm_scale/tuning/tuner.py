@@ -1,0 +1,107 @@
+"""When a self-tuning job measures and decides, across the trainers of one job (a move rebuilds
+the trainer under the new plan, through a checkpoint of the step it stopped at).
+
+Every rank keeps the same schedule: the window records it reads are gathered from every rank
+(training.metrics.WindowReport), so each rank sees the same step times. Rank 0 decides
+(dlrm_scale.tuning.decide, torch-free) and sends the decision as JSON; a rank never waits for a
+decision another does not ask for.
+
+    start (or a move) --warmup--> measure --window--> decide: move | stay --> watch the refitted
+    prediction; DRIFT_WINDOWS windows in a row off it by more than --retune-drift: measure again
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from dlrm_scale.bridge.broadcast import broadcast_text
+from dlrm_scale.run_config import RetuneConfig
+from dlrm_scale.training.host_group import host_group
+from dlrm_scale.tuning.decide import Decision, MoveCost, decide
+from planner.plan.document import Plan
+from planner.spec.errors import PlannerError
+from planner.spec.specs import GIB
+
+DRIFT_WINDOWS = 2  # one slow window is noise (a checkpoint, a neighbour); two in a row are the job
+REPLAN_TIME_LIMIT_S = 5.0  # every rank waits while rank 0 replans
+
+
+class Tuner:
+    def __init__(self, config: RetuneConfig, out_dir: Path, profile: str, rank: int) -> None:
+        self.config, self.out_dir, self.profile, self.rank = config, out_dir, profile, rank
+        self.decisions = 0
+        self.cost: MoveCost | None = None
+        self.predicted_ms: float | None = None  # the refitted prediction of the running plan's step
+        self._measure_at: int | None = None  # the step a measurement begins (None: watching)
+        self._measuring_since: int | None = None
+        self._off = 0
+        self._moving: dict | None = None  # the move under way: when it began, what it moved
+
+    def started(self, step: int, build_s: float, restore_s: float = 0.0) -> dict | None:
+        """A trainer starts at `step` (the job's start, or after a move, whose cost it measures)."""
+        if self.cost is None:
+            self.cost = MoveCost(rebuild_s=build_s)
+        self._measure_at, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
+        if self._moving is None:
+            return None
+        moved, model_gib, began = self._moving["moved_bytes"], self._moving["model_gib"], self._moving["began"]
+        total = time.monotonic() - began
+        self.cost = MoveCost(rebuild_s=build_s, s_per_gib=(total - build_s) / model_gib if model_gib > 0 else 0.0)
+        self._moving = None
+        return {"step": step, "reshard": {"seconds": total, "rebuild_s": build_s, "restore_s": restore_s, "moved_gib": moved / GIB,
+                                          "s_per_gib_moved": total / (moved / GIB) if moved else None}}
+
+    def after_window(self, done: int, window_step_ms: float, steps: int, log, run_record: dict) -> Plan | None:
+        """After each logging window, on every rank: the plan to move to (the trainer then saves
+        a checkpoint of step `done` and stops), or None to go on."""
+        if self.decisions >= self.config.times or done >= steps:
+            return None
+        if self._measuring_since is None:
+            if self._measure_at is None:  # watching: has the job drifted from the refitted prediction?
+                off = abs(window_step_ms / self.predicted_ms - 1) > self.config.drift
+                self._off = self._off + 1 if off else 0
+                if self._off < DRIFT_WINDOWS:
+                    return None
+                self._measure_at = done
+            if done < self._measure_at:
+                return None
+            self._measuring_since = done
+            log({"step": done, "run": run_record})  # the measurement: the windows after this record
+            return None
+        if done - self._measuring_since < self.config.window_steps:
+            return None
+        return self._decide(done, steps - done, log)
+
+    def _decide(self, done: int, steps_left: int, log) -> Plan | None:
+        text = None
+        if self.rank == 0:
+            try:
+                decision = decide(self.out_dir, self.profile, done, steps_left, self.cost, REPLAN_TIME_LIMIT_S)
+                text = json.dumps(asdict(decision))
+            except PlannerError as e:  # a measurement it cannot fit: go on under the plan in use
+                text = json.dumps({"error": str(e)})
+        message = json.loads(broadcast_text(host_group(), text))
+        self.decisions += 1
+        self._measuring_since, self._measure_at, self._off = None, None, 0
+        if "error" in message:
+            log({"step": done, "retune": {"move": False, "why": f"no decision: {message['error']}"}})
+            self._say(f"retune at step {done}: no decision ({message['error']}); going on under the plan in use")
+            self._measure_at = done + self.config.window_steps if self.decisions < self.config.times else None
+            return None
+        decision = Decision(**message)
+        log({"step": done, "retune": decision.record()})
+        self._say(decision.line())
+        self.profile = decision.profile  # the next fit starts from this one
+        self.predicted_ms = decision.new_predicted_ms
+        if not decision.move:
+            return None
+        plan = Plan.from_dict(decision.plan, "the retuned plan")
+        self._moving = {"began": time.monotonic(), "moved_bytes": decision.moved_bytes, "model_gib": decision.model_gib}
+        return plan
+
+    def _say(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)

@@ -1,0 +1,168 @@
+"""A job that tunes itself (--retune): the decision rule, a decision from a recorded run, the
+move through a checkpoint on real gloo ranks (the model goes on as if it never moved), and the
+synthetic data whose hot set moves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dlrm_scale.tuning.decide import FITTED_PROFILE, MIN_GAIN, MoveCost, choose, decide
+from planner.plan.document import Plan
+from planner.replan.replan import Replanned
+from tests.test_plan_invariance import GLOBAL_BATCH, SEED, TABLES, plan_of, problem
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "tests" / "data" / "recorded_runs" / "run0_table_wise"
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+def point(name: str, moved: int) -> Replanned:
+    return Replanned(plan_of(name), moved, None, 0.0)
+
+
+def test_a_move_is_taken_only_when_it_saves_more_than_the_measurement_can_tell_and_pays_for_itself():
+    running = plan_of("table_wise@2")
+    other = [(point("mixed@2", 10**9), 8.0)]
+    move, why, chosen, ms = choose(running, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
+    assert move and chosen.plan.tables == plan_of("mixed@2").tables and ms == 8.0 and "20.0% of the step" in why
+    # 20% saved, but the windows differ by 25%: the gain may be noise
+    assert not choose(running, 10.0, other, 10_000, 5.0, spread=0.25)[0]
+    # below MIN_GAIN, however steady the windows
+    assert not choose(running, 10.0, [(point("mixed@2", 1), 10.0 * (1 - MIN_GAIN / 2))], 10**6, 0.0, 0.0)[0]
+    # 2 ms x 100 steps = 0.2 s does not pay for a 5 s move (x 10,000 steps, 20 s, does)
+    move, why, *_ = choose(running, 10.0, other, 100, 5.0, 0.01)
+    assert not move and "under the 5.0 s a move costs" in why
+    # the replan keeps the layout: nothing to move to
+    assert choose(running, 10.0, [(point("table_wise@2", 0), 10.0)], 1000, 0.0, 0.0)[1] == "the refitted profile plans the same layout"
+
+
+def test_of_points_as_fast_the_one_moving_fewest_bytes_is_taken():
+    running = plan_of("table_wise@2")
+    front = [(point("cached@2", 10), 8.05), (point("mixed@2", 10**9), 8.0)]  # by bytes moved, as the front is
+    assert choose(running, 10.0, front, 1000, 1.0, 0.0)[2].moved_bytes == 10
+    front = [(point("cached@2", 10), 9.0), (point("mixed@2", 10**9), 8.0)]
+    assert choose(running, 10.0, front, 1000, 1.0, 0.0)[2].moved_bytes == 10**9
+
+
+def test_a_decision_from_a_recorded_run_refits_the_wrong_profile_it_started_from(tmp_path):
+    """A 2-rank run on cpu_gloo, decided on from the datasheet h100_dgx profile: the fitted
+    profile is written beside the metrics and predicts the run far better than the one it started from."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED, run_dir)
+    decision = decide(run_dir, "h100_dgx", step=40, steps_left=1000, cost=MoveCost(rebuild_s=5.0), time_limit_s=2.0)
+    assert (run_dir / FITTED_PROFILE).is_file() and decision.profile == str(run_dir / FITTED_PROFILE)
+    error = lambda ms: abs(ms / decision.measured_step_ms - 1)  # noqa: E731
+    assert error(decision.predicted_before_ms) > 0.9 and error(decision.predicted_ms) < 0.25
+    assert set(decision.phases_ms) == {"input_dist", "embedding", "a2a_fwd", "a2a_bwd", "dense", "all_reduce", "other"}
+    json.dumps(decision.record())
+    assert not decision.move and decision.plan is None and decision.why  # this run's layout is already the refit's best
+
+
+# ---- the data whose hot set moves ----------------------------------------------------------------
+def test_the_hot_ids_move_at_the_drift_step_and_only_then():
+    from dlrm_scale.training.data import SyntheticData
+
+    steady = SyntheticData(TABLES, 13, 256, SEED)
+    drifting = SyntheticData(TABLES, 13, 256, SEED, drift_at_step=5)
+    before, after = steady.batch(4), drifting.batch(4)
+    assert torch.equal(before.sparse_features.values(), after.sparse_features.values())
+    moved, kept = drifting.batch(5).sparse_features, steady.batch(5).sparse_features
+    assert torch.equal(moved.lengths(), kept.lengths()) and not torch.equal(moved.values(), kept.values())
+    hottest = lambda kjt: np.bincount(kjt["f_a"].values().numpy()).argmax()  # noqa: E731
+    assert hottest(moved) != hottest(kept)
+    halves = [SyntheticData(TABLES, 13, 256, SEED, r, 2, drift_at_step=5).batch(7).sparse_features for r in range(2)]
+    assert torch.equal(torch.cat([h["f_a"].values() for h in halves]), drifting.batch(7).sparse_features["f_a"].values())
+
+
+# ---- flags ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, line", [
+    (["--retune-window", "50"], "--retune-window applies with --retune; add --retune or drop it"),
+    (["--retune", "--retune-window", "200"], "--retune-window 200 covers fewer than 3 logging windows of 100 steps"),
+    (["--retune", "--retune-times", "0"], "--retune-times: must be a whole number >= 1, got 0"),
+    (["--data", "criteo", "--data-path", "tests", "--drift-at", "5"], "--drift-at moves the hot ids of synthetic data"),
+])
+def test_bad_retune_flags_are_one_line(flags, line, tmp_path):
+    from dlrm_scale.training.flags import check_job, parse_args
+    from planner.spec.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        check_job(parse_args(["--config", str(ROOT / "configs" / "tiny.yaml"), "--out-dir", str(tmp_path), *flags]), device="cpu")
+    assert str(e.value).startswith(line)
+
+
+# ---- the move, on real ranks ---------------------------------------------------------------------
+STEPS, MOVE_AT = 12, 6
+
+
+def _train(rank, world, out_dir, move):
+    import time
+
+    from dlrm_scale.run_config import CheckpointConfig, ModelConfig, RetuneConfig, TrainConfig
+    from dlrm_scale.train import train_under_plans
+    from dlrm_scale.tuning.tuner import Tuner
+    from tests.conftest import run_config
+
+    class MoveOnce(Tuner):
+        """The real schedule, warm-up and windows, with the decision given: move to mixed@2."""
+
+        def _decide(self, done, steps_left, log):
+            self.decisions += 1
+            self._moving = {"began": time.monotonic(), "moved_bytes": 1, "model_gib": 0.001}
+            self._measuring_since = self._measure_at = None
+            self.predicted_ms = 1.0
+            return plan_of("mixed@2")
+
+    out = Path(out_dir)
+    cfg = TrainConfig(steps=STEPS, embedding_lr=0.05, dense_lr=0.05, log_every=1, eval_batches=2, seed=SEED, deterministic=True,
+                      cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
+    model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
+    run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(out / "ckpt", 0, 2))
+    tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank) if move else None
+    plans = [t.plan.tables for t in train_under_plans(run, plan_of("table_wise@2"), torch.device("cpu"), rank, world, out, None, False, tuner)]
+    return plans
+
+
+@pytest.mark.distributed
+def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_never_moved(tmp_path):
+    from dlrm_scale.tools.launch import run_on_ranks
+
+    losses = {}
+    for moved in (False, True):
+        d = tmp_path / f"moved_{moved}"
+        d.mkdir()
+        plans = run_on_ranks(_train, 2, str(d), moved)
+        metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        losses[moved] = [m["loss"] for m in metrics if "loss" in m]
+        if moved:
+            assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", "mixed@2"))] == [True, True]
+            reshard = next(m for m in metrics if "reshard" in m)
+            assert reshard["step"] == MOVE_AT and reshard["reshard"]["seconds"] > 0
+            assert Plan.load(d / "plan.json").tables == plan_of("mixed@2").tables
+    assert len(losses[True]) == len(losses[False]) == STEPS
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)  # the invariance tests' bound
+
+
+@pytest.mark.distributed
+def test_a_retuning_job_decides_writes_its_profile_and_finishes(tmp_path):
+    """The whole loop from the launcher: a tiny job priced with the datasheet h100_dgx profile
+    on CPU, its hot set moving mid-run; it measures, refits, decides (and logs why), and ends."""
+    config = tmp_path / "tiny_h100.yaml"
+    config.write_text((ROOT / "configs" / "tiny.yaml").read_text().replace("hardware: cpu_gloo", "hardware: h100_dgx"))
+    run = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", str(config), "--steps", "60",
+                          "--deterministic", "--retune", "--retune-warmup", "5", "--retune-window", "15", "--drift-at", "30",
+                          "--out-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "retune at step 20: measured" in run.stdout
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    decisions = [r["retune"] for r in records if "retune" in r]
+    assert decisions and all(d["why"] for d in decisions)
+    assert (tmp_path / "out" / FITTED_PROFILE).read_text().startswith("# Fitted by `dlrm-scale train --retune`")
+
