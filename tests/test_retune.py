@@ -116,8 +116,7 @@ def _train(rank, world, out_dir, move):
         def _decide(self, done, steps_left, log):
             self.decisions += 1
             self._moving = {"began": time.monotonic(), "moved_bytes": 1, "model_gib": 0.001}
-            self._measuring_since = self._measure_at = None
-            self.predicted_ms = 1.0
+            self._measuring_since, self._watching, self.predicted_ms = None, True, 1.0
             return plan_of("mixed@2")
 
     out = Path(out_dir)

@@ -6,8 +6,9 @@ Every rank keeps the same schedule: the window records it reads are gathered fro
 (dlrm_scale.tuning.decide, torch-free) and sends the decision as JSON; a rank never waits for a
 decision another does not ask for.
 
-    start (or a move) --warmup--> measure --window--> decide: move | stay --> watch the refitted
-    prediction; DRIFT_WINDOWS windows in a row off it by more than --retune-drift: measure again
+    start --warm-up--> measure --window--> decide: stay | move --warm-up--> watch
+    watch: DRIFT_WINDOWS windows in a row off the refitted prediction by more than --retune-drift
+           --> measure --window--> decide ...      (at most --retune-times decisions)
 """
 
 from __future__ import annotations
@@ -35,20 +36,21 @@ class Tuner:
         self.decisions = 0
         self.cost: MoveCost | None = None
         self.predicted_ms: float | None = None  # the refitted prediction of the running plan's step
-        self._measure_at: int | None = None  # the step a measurement begins (None: watching)
-        self._measuring_since: int | None = None
+        self._warm_until = 0  # windows before this step are neither measured nor watched
+        self._measuring_since: int | None = None  # the step the measurement began (None: not measuring)
+        self._watching = False  # after a decision: comparing each window with predicted_ms
         self._off = 0
         self._moving: dict | None = None  # the move under way: when it began, what it moved
 
     def started(self, step: int, build_s: float, restore_s: float = 0.0) -> dict | None:
-        """A trainer starts at `step` (the job's start, or after a move, whose cost it measures)."""
-        if self.cost is None:
-            self.cost = MoveCost(rebuild_s=build_s)
-        self._measure_at, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
+        """A trainer starts at `step`: the job's start (measure after the warm-up), or a move's end
+        (watch the new plan after the warm-up; the move's cost is measured and returned as a record)."""
+        self._warm_until, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
         if self._moving is None:
+            self.cost = self.cost or MoveCost(rebuild_s=build_s)
             return None
-        moved, model_gib, began = self._moving["moved_bytes"], self._moving["model_gib"], self._moving["began"]
-        total = time.monotonic() - began
+        moved, model_gib = self._moving["moved_bytes"], self._moving["model_gib"]
+        total = time.monotonic() - self._moving["began"]
         self.cost = MoveCost(rebuild_s=build_s, s_per_gib=(total - build_s) / model_gib if model_gib > 0 else 0.0)
         self._moving = None
         return {"step": step, "reshard": {"seconds": total, "rebuild_s": build_s, "restore_s": restore_s, "moved_gib": moved / GIB,
@@ -57,18 +59,15 @@ class Tuner:
     def after_window(self, done: int, window_step_ms: float, steps: int, log, run_record: dict) -> Plan | None:
         """After each logging window, on every rank: the plan to move to (the trainer then saves
         a checkpoint of step `done` and stops), or None to go on."""
-        if self.decisions >= self.config.times or done >= steps:
+        if self.decisions >= self.config.times or done >= steps or done < self._warm_until:
             return None
         if self._measuring_since is None:
-            if self._measure_at is None:  # watching: has the job drifted from the refitted prediction?
+            if self._watching:  # has the job drifted from the refitted prediction?
                 off = abs(window_step_ms / self.predicted_ms - 1) > self.config.drift
                 self._off = self._off + 1 if off else 0
                 if self._off < DRIFT_WINDOWS:
                     return None
-                self._measure_at = done
-            if done < self._measure_at:
-                return None
-            self._measuring_since = done
+            self._measuring_since, self._off = done, 0
             log({"step": done, "run": run_record})  # the measurement: the windows after this record
             return None
         if done - self._measuring_since < self.config.window_steps:
@@ -81,26 +80,24 @@ class Tuner:
             try:
                 decision = decide(self.out_dir, self.profile, done, steps_left, self.cost, REPLAN_TIME_LIMIT_S)
                 text = json.dumps(asdict(decision))
-            except PlannerError as e:  # a measurement it cannot fit: go on under the plan in use
+            except PlannerError as e:  # a measurement it cannot fit: go on under the plan in use, and measure again
                 text = json.dumps({"error": str(e)})
         message = json.loads(broadcast_text(host_group(), text))
         self.decisions += 1
-        self._measuring_since, self._measure_at, self._off = None, None, 0
+        self._measuring_since = None
         if "error" in message:
             log({"step": done, "retune": {"move": False, "why": f"no decision: {message['error']}"}})
             self._say(f"retune at step {done}: no decision ({message['error']}); going on under the plan in use")
-            self._measure_at = done + self.config.window_steps if self.decisions < self.config.times else None
             return None
         decision = Decision(**message)
         log({"step": done, "retune": decision.record()})
         self._say(decision.line())
         self.profile = decision.profile  # the next fit starts from this one
-        self.predicted_ms = decision.new_predicted_ms
+        self.predicted_ms, self._watching = decision.new_predicted_ms, True
         if not decision.move:
             return None
-        plan = Plan.from_dict(decision.plan, "the retuned plan")
         self._moving = {"began": time.monotonic(), "moved_bytes": decision.moved_bytes, "model_gib": decision.model_gib}
-        return plan
+        return Plan.from_dict(decision.plan, "the retuned plan")
 
     def _say(self, line: str) -> None:
         if self.rank == 0:

@@ -1,0 +1,126 @@
+"""Self-tuning benchmark: jobs planned with a wrong profile, left alone or retuning themselves,
+beside the plans a right profile, TorchRec's planner and all-table-wise give, on this machine.
+
+Each mix (the cost-model benchmark's generated mixes, `--mixes`) is trained as 2-rank gloo jobs
+(`dlrm-scale train`, as a user runs it) for --steps steps under:
+- wrong: planned at start with --wrong (default the datasheet h100_dgx profile, on CPU);
+- retune: the same, with --retune (its warm-up, measurement, fit, decision and any move
+  included in its wall time);
+- right: planned with --right (a profile calibrated on this machine), when given;
+- torchrec: TorchRec's planner (`--planner torchrec`);
+- table_wise: every table whole on one rank.
+Runs alternate within a round, --repeats rounds. Per run: the wall time of the whole job (start
+to exit) and the steady state (median samples/s over the last --steady windows).
+
+    python -m benchmarks.retune_bench [--mixes 0 2 5] [--steps 2000] [--repeats 3] [--right PROFILE]
+
+Writes benchmarks/results/retune.json and prints a Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import ROOT, write_result
+from benchmarks.costmodel_bench import generate_mix, given_plan, write_config
+from dlrm_scale.run_config import load_problem
+
+RESULTS = ROOT / "benchmarks" / "results" / "retune.json"
+LOG_EVERY = 25
+
+
+def run_job(config: Path, steps: int, out: Path, extra: list[str], plan=None) -> dict:
+    """One job; its wall time, and its windows' samples/s and retune records."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", str(config), "--steps", str(steps),
+           "--out-dir", str(out), *extra]
+    if plan is not None:
+        out.mkdir(parents=True)
+        plan.save(out / "given_plan.json")
+        cmd += ["--plan", str(out / "given_plan.json")]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{out.name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    windows = [r["samples_per_s"] for r in records if "samples_per_s" in r]
+    return {"wall_s": wall, "windows_samples_per_s": windows, "retune": [r["retune"] for r in records if "retune" in r],
+            "reshard": [r["reshard"] for r in records if "reshard" in r]}
+
+
+def variants(config_for, problem_right, args) -> dict:
+    out = {"wrong": (config_for(args.wrong), [], None), "retune": (config_for(args.wrong), ["--retune"], None),
+           "torchrec": (config_for(args.wrong), ["--planner", "torchrec"], None),
+           "table_wise": (config_for(args.wrong), [], given_plan(problem_right, "table_wise"))}
+    if args.right:
+        out["right"] = (config_for(args.right), [], None)
+    return out
+
+
+def summary(runs: list[dict], steady: int) -> dict:
+    walls = [r["wall_s"] for r in runs]
+    steadies = [statistics.median(r["windows_samples_per_s"][-steady:]) for r in runs]
+    return {"wall_s": walls, "wall_median_s": statistics.median(walls), "steady_samples_per_s": steadies,
+            "steady_median": statistics.median(steadies)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixes", type=int, nargs="+", default=[0, 2, 5])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steady", type=int, default=10, help="windows (of 25 steps) the steady state is the median of")
+    ap.add_argument("--wrong", default="h100_dgx")
+    ap.add_argument("--right", help="a profile calibrated on this machine")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    if args.repeats < 1 or args.steps < 10 * LOG_EVERY:
+        ap.error("--repeats takes a whole number >= 1 and --steps at least 250")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        folder = Path(d)
+        for mix in args.mixes:
+            tables = generate_mix(mix)
+
+            def config_for(hardware: str, mix=mix, tables=tables) -> Path:
+                path = folder / f"mix{mix}_{Path(hardware).stem}.yaml"
+                write_config(path, tables, hardware, log_every=LOG_EVERY)
+                return path
+
+            problem = load_problem(config_for(args.wrong))
+            runs: dict[str, list[dict]] = {}
+            for r in range(args.repeats):  # alternated: every variant sees the same moments of the machine
+                for name, (config, extra, plan) in variants(config_for, problem, args).items():
+                    runs.setdefault(name, []).append(run_job(config, args.steps, folder / f"mix{mix}_{name}_{r}", extra, plan))
+                    print(f"mix {mix} {name} round {r}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
+            row = {"mix": mix, "tables": len(tables), **{name: summary(v, args.steady) for name, v in runs.items()},
+                   "retune_decisions": [run["retune"] for run in runs["retune"]], "reshards": [run["reshard"] for run in runs["retune"]]}
+            references = [row[n]["steady_median"] for n in ("right", "torchrec", "table_wise") if n in row]
+            row["best_reference_steady"] = max(references)
+            row["wrong_off"] = 1 - row["wrong"]["steady_median"] / row["best_reference_steady"]
+            row["retune_vs_best"] = row["retune"]["steady_median"] / row["best_reference_steady"]
+            row["retune_wall_vs_wrong"] = row["retune"]["wall_median_s"] / row["wrong"]["wall_median_s"]
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("retune_decisions", "reshards")}), flush=True)
+    write_result(args.out, {"steps": args.steps, "repeats": args.repeats, "wrong": args.wrong, "right": args.right, "mixes": rows})
+    print("| mix | tables | wrong plan's steady samples/s vs best reference | retuned vs best reference | retuned wall / wrong wall | moves |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        moves = sum(1 for run in r["retune_decisions"] for d in run if d.get("move"))
+        print(f"| {r['mix']} | {r['tables']} | {1 - r['wrong_off']:.3f} | {r['retune_vs_best']:.3f} | {r['retune_wall_vs_wrong']:.3f} "
+              f"| {moves} in {len(r['retune_decisions'])} runs |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
