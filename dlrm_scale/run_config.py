@@ -142,6 +142,7 @@ class CheckpointConfig:
     every_steps: int = 0  # 0: only at the end
     keep: int = 3
     resume_from: str | None = None  # a step or a checkpoint path; None: the newest that verifies
+    final: bool = True  # a checkpoint of the last step (False: only the moves of --retune write one)
 
     def __post_init__(self) -> None:
         if self.every_steps < 0:

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         check_plan_runs(plan, run, device.type, [rank])
         if rank == 0:
             plan.save(job.out_dir / "plan.json")
-        tuner = Tuner(run.retune, job.out_dir, str(run.profile), rank) if run.retune.enabled else None
+        tuner = Tuner(run.retune, job.out_dir, str(run.profile), rank, run.checkpoint.directory) if run.retune.enabled else None
         trainer = None
         try:
             for trainer in train_under_plans(run, plan, device, rank, world, job.out_dir, job.data_path, job.resume, tuner):

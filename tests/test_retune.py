@@ -57,7 +57,7 @@ def test_a_decision_from_a_recorded_run_refits_the_wrong_profile_it_started_from
     profile is written beside the metrics and predicts the run far better than the one it started from."""
     run_dir = tmp_path / "run"
     shutil.copytree(RECORDED, run_dir)
-    decision = decide(run_dir, "h100_dgx", step=40, steps_left=1000, cost=MoveCost(rebuild_s=5.0), time_limit_s=2.0)
+    decision = decide(run_dir, "h100_dgx", step=40, steps_left=1000, cost=MoveCost(5.0, 4.0), time_limit_s=2.0)
     assert (run_dir / FITTED_PROFILE).is_file() and decision.profile == str(run_dir / FITTED_PROFILE)
     error = lambda ms: abs(ms / decision.measured_step_ms - 1)  # noqa: E731
     assert error(decision.predicted_before_ms) > 0.9 and error(decision.predicted_ms) < 0.25
@@ -124,7 +124,7 @@ def _train(rank, world, out_dir, move):
                       cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
     model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
     run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(out / "ckpt", 0, 2))
-    tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank) if move else None
+    tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank, out / "ckpt") if move else None
     plans = [t.plan.tables for t in train_under_plans(run, plan_of("table_wise@2"), torch.device("cpu"), rank, world, out, None, False, tuner)]
     return plans
 

@@ -101,8 +101,8 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
     resume = args.resume or args.resume_from is not None
     checkpoint = _checkpoint_config(args, resume)
     retune = _retune_config(args)
-    if retune.enabled and checkpoint.directory is None:  # a move goes through a checkpoint
-        checkpoint = replace(checkpoint, directory=Path(args.out_dir) / "checkpoints")
+    if retune.enabled and checkpoint.directory is None:  # a move goes through a checkpoint; only a move writes one
+        checkpoint = replace(checkpoint, directory=Path(args.out_dir) / "checkpoints", keep=1, final=False)
         writable_dir("--out-dir", checkpoint.directory)
     run = replace(load_run_config(args.config, overrides, checkpoint), retune=retune)
     if resume:

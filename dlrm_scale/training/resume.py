@@ -36,7 +36,7 @@ class Checkpoints:
 
     def due(self, step: int, last: bool) -> bool:
         every = self.config.every_steps
-        return self.config.directory is not None and (last or bool(every and step % every == 0))
+        return self.config.directory is not None and ((last and self.config.final) or bool(every and step % every == 0))
 
     def save(self, step: int) -> Path:
         return ckpt.save(self.config.directory, step, self.model, self.optimizer, self.meta, self.config.keep,

@@ -7,8 +7,9 @@ predicted gain over the steps left outweighs what moving costs.
 - fit: `calibrate --from-runs`'s fit (dlrm_scale.tools.refit) started from, and regularised
   toward, the profile the job is priced with; written to OUT_DIR/fitted_profile.yaml, so the
   next job can start from it;
-- replan: planner.replan's front of (bytes moved, busiest rank) from the running plan, each
-  point's whole step priced by the fitted profile (dlrm_scale.tools.simulate);
+- replan: the unconstrained plan under the fitted profile first, each plan's whole step priced
+  by it (dlrm_scale.tools.simulate); only when that is worth a move, planner.replan's front of
+  (bytes moved, busiest rank) from the running plan;
 - decide: the fastest point (or one within NEAR of it that moves fewer bytes), taken when its
   gain, (step saved) x (steps left), outweighs the cost of moving and the step it saves is more
   than the measured window-to-window spread and MIN_GAIN (below either, the gain is within what
@@ -17,6 +18,8 @@ predicted gain over the steps left outweighs what moving costs.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from dlrm_scale.tools.refit import refit_from_runs
 from dlrm_scale.tools.runs import load_run
 from dlrm_scale.tools.simulate import simulate
 from planner.plan.document import Plan
+from planner.plan.planning import make_plan
 from planner.replan.replan import Replanned, model_bytes, replan
 from planner.search.solver import SolverConfig
 from planner.spec.specs import GIB
@@ -41,13 +45,36 @@ NEAR = 0.01  # points of the front this close to the fastest count as fast
 class MoveCost:
     """What a move costs, in seconds: the job rebuilt under the new plan (`rebuild_s`, first its
     own start-up) and its state saved and loaded through a checkpoint (`s_per_gib` of the model:
-    first assumed, then what the last move measured)."""
+    first the checkpoint folder's disk measured, `disk_s_per_gib`, then what the last move took)."""
 
     rebuild_s: float
-    s_per_gib: float = 4.0  # writing and reading back at 0.5 GiB/s, until a move measures it
+    s_per_gib: float
 
     def seconds(self, model_gib: float) -> float:
         return self.rebuild_s + self.s_per_gib * model_gib
+
+
+PROBE_BYTES = 64 << 20
+
+
+def disk_s_per_gib(directory: Path) -> float:
+    """Seconds to write a GiB to `directory` (to the disk: fsync) and read it back, from a
+    PROBE_BYTES file; what a checkpoint's save and load take per GiB, at least."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / ".disk_probe"
+    block = os.urandom(1 << 20)
+    start = time.perf_counter()
+    with open(probe, "wb") as f:
+        for _ in range(PROBE_BYTES >> 20):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(probe, "rb") as f:
+        while f.read(1 << 24):
+            pass
+    seconds = time.perf_counter() - start
+    probe.unlink()
+    return seconds * ((1 << 30) / PROBE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -89,9 +116,20 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     current_ms = after.predicted_step_ms
     model_gib = model_bytes(measured.plan, run.problem.training.embedding_optimizer) / GIB
     move_s = cost.seconds(model_gib)
-    front = replan(run.problem, measured.plan, config=SolverConfig(time_limit_s=time_limit_s))
-    priced = [(p, simulate(p.plan, run.problem, run.model, run.train.dense_optimizer).step_ms) for p in front.points]
-    move, why, point, new_ms = choose(measured.plan, current_ms, priced, steps_left, move_s, measured.spread)
+    solver = SolverConfig(time_limit_s=time_limit_s)
+
+    def step_ms(plan: Plan) -> float:
+        return simulate(plan, run.problem, run.model, run.train.dense_optimizer).step_ms
+
+    # the unconstrained plan first: when even it is not worth a move, no front of moves is (the
+    # front's budgets each search again: seconds every rank waits)
+    free = make_plan(run.problem, config=solver)
+    move, why, point, new_ms = choose(measured.plan, current_ms, [(Replanned(free, 0, None, free.lower_bound_ms), step_ms(free))],
+                                      steps_left, move_s, measured.spread)
+    if move:
+        front = replan(run.problem, measured.plan, config=solver)
+        move, why, point, new_ms = choose(measured.plan, current_ms, [(p, step_ms(p.plan)) for p in front.points], steps_left,
+                                          move_s, measured.spread)
     gain_s = (current_ms - new_ms) * steps_left / 1e3
     phases = {g: [before.fair_phases[g][0], after.fair_phases[g][0], after.fair_phases[g][1]] for g in PHASE_GROUPS}
     return Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,

@@ -21,7 +21,7 @@ from pathlib import Path
 from dlrm_scale.bridge.broadcast import broadcast_text
 from dlrm_scale.run_config import RetuneConfig
 from dlrm_scale.training.host_group import host_group
-from dlrm_scale.tuning.decide import Decision, MoveCost, decide
+from dlrm_scale.tuning.decide import Decision, MoveCost, decide, disk_s_per_gib
 from planner.plan.document import Plan
 from planner.spec.errors import PlannerError
 from planner.spec.specs import GIB
@@ -31,8 +31,9 @@ REPLAN_TIME_LIMIT_S = 5.0  # every rank waits while rank 0 replans
 
 
 class Tuner:
-    def __init__(self, config: RetuneConfig, out_dir: Path, profile: str, rank: int) -> None:
+    def __init__(self, config: RetuneConfig, out_dir: Path, profile: str, rank: int, checkpoint_dir: Path) -> None:
         self.config, self.out_dir, self.profile, self.rank = config, out_dir, profile, rank
+        self.checkpoint_dir = checkpoint_dir
         self.decisions = 0
         self.cost: MoveCost | None = None
         self.predicted_ms: float | None = None  # the refitted prediction of the running plan's step
@@ -47,7 +48,8 @@ class Tuner:
         (watch the new plan after the warm-up; the move's cost is measured and returned as a record)."""
         self._warm_until, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
         if self._moving is None:
-            self.cost = self.cost or MoveCost(rebuild_s=build_s)
+            if self.cost is None and self.rank == 0:  # only rank 0 decides, so only it measures the disk
+                self.cost = MoveCost(build_s, disk_s_per_gib(self.checkpoint_dir))
             return None
         moved, model_gib = self._moving["moved_bytes"], self._moving["model_gib"]
         total = time.monotonic() - self._moving["began"]
