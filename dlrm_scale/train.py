@@ -20,7 +20,7 @@ from dlrm_scale.bridge.resident import resident_plan
 from dlrm_scale.run_config import RunConfig, measured_elsewhere
 from dlrm_scale.tiering.runtime import check_row_cache_rows, check_store_directory
 from dlrm_scale.training.flags import TrainJob, check_given_plan, check_job, parse_args
-from dlrm_scale.training.host_group import init_host_group
+from dlrm_scale.training.host_group import host_group, init_host_group
 from dlrm_scale.training import outcome, preemption, watchdog
 from dlrm_scale.training import checkpoint_layout as ckpt_layout
 from dlrm_scale.training.rank_end import end_rank
@@ -114,8 +114,18 @@ def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: in
         trainer.run()
         if trainer.next_plan is None:
             return
-        plan = trainer.next_plan
-        check_plan_runs(plan, run, device.type, [rank])
+        why = None
+        try:
+            check_plan_runs(trainer.next_plan, run, device.type, [rank])
+        except ConfigError as e:
+            why = str(e)
+        runs_everywhere = torch.tensor([why is None], dtype=torch.int64)  # one answer for all ranks (a rank's store may differ)
+        dist.all_reduce(runs_everywhere, op=dist.ReduceOp.MIN, group=host_group())
+        if runs_everywhere.item():
+            plan = trainer.next_plan
+        elif rank == 0:  # nothing is lost: on under the plan in use, from the checkpoint just saved
+            print(f"retune: the new plan cannot run on every rank ({why or 'another rank refused it'}); going on under the plan in use",
+                  flush=True)
         if rank == 0:
             plan.save(out_dir / "plan.json")
         saved = ckpt_layout.step_dir(run.checkpoint.directory, trainer.stopped_at)

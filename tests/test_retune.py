@@ -102,7 +102,7 @@ def test_bad_retune_flags_are_one_line(flags, line, tmp_path):
 STEPS, MOVE_AT = 12, 6
 
 
-def _train(rank, world, out_dir, move):
+def _train(rank, world, out_dir, move_to):
     import time
 
     from dlrm_scale.run_config import CheckpointConfig, ModelConfig, RetuneConfig, TrainConfig
@@ -117,14 +117,14 @@ def _train(rank, world, out_dir, move):
             self.decisions += 1
             self._moving = {"began": time.monotonic(), "moved_bytes": 1, "model_gib": 0.001}
             self._measuring_since, self._watching, self.predicted_ms = None, True, 1.0
-            return plan_of("mixed@2")
+            return plan_of(move_to)
 
     out = Path(out_dir)
     cfg = TrainConfig(steps=STEPS, embedding_lr=0.05, dense_lr=0.05, log_every=1, eval_batches=2, seed=SEED, deterministic=True,
                       cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
     model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
     run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(out / "ckpt", 0, 2))
-    tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank, out / "ckpt") if move else None
+    tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank, out / "ckpt") if move_to else None
     plans = [t.plan.tables for t in train_under_plans(run, plan_of("table_wise@2"), torch.device("cpu"), rank, world, out, None, False, tuner)]
     return plans
 
@@ -134,19 +134,21 @@ def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_nev
     from dlrm_scale.tools.launch import run_on_ranks
 
     losses = {}
-    for moved in (False, True):
-        d = tmp_path / f"moved_{moved}"
+    # to mixed@2; and to cached@2, whose SSD table cannot run here (no --store-dir): on under table_wise@2
+    for move_to, kept in ((None, None), ("mixed@2", "mixed@2"), ("cached@2", "table_wise@2")):
+        d = tmp_path / f"to_{move_to}"
         d.mkdir()
-        plans = run_on_ranks(_train, 2, str(d), moved)
+        plans = run_on_ranks(_train, 2, str(d), move_to)
         metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-        losses[moved] = [m["loss"] for m in metrics if "loss" in m]
-        if moved:
-            assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", "mixed@2"))] == [True, True]
+        losses[move_to] = [m["loss"] for m in metrics if "loss" in m]
+        if move_to:
+            assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", kept))] == [True, True]
             reshard = next(m for m in metrics if "reshard" in m)
             assert reshard["step"] == MOVE_AT and reshard["reshard"]["seconds"] > 0
-            assert Plan.load(d / "plan.json").tables == plan_of("mixed@2").tables
-    assert len(losses[True]) == len(losses[False]) == STEPS
-    assert losses[True] == pytest.approx(losses[False], rel=1e-5)  # the invariance tests' bound
+            assert Plan.load(d / "plan.json").tables == plan_of(kept).tables
+    for move_to in ("mixed@2", "cached@2"):
+        assert len(losses[move_to]) == len(losses[None]) == STEPS
+        assert losses[move_to] == pytest.approx(losses[None], rel=1e-5)  # the invariance tests' bound
 
 
 @pytest.mark.distributed
