@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+import dlrm_scale
 import planner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-PUBLIC = {"planner": set(planner.__all__), "dlrm_scale": {"EmbeddingShardingPlanner"}}
+PUBLIC = {"planner": set(planner.__all__), "dlrm_scale": set(dlrm_scale.PUBLIC)}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

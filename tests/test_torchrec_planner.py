@@ -19,7 +19,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from dlrm_scale import EmbeddingShardingPlanner
 from dlrm_scale.bridge import parameter_constraints as pcs
 from dlrm_scale.bridge.qcomms import qcomm_codecs_registry
-from dlrm_scale.bridge.sharders import WideEmbeddingBagCollectionSharder, sharder_for
+from dlrm_scale import WideEmbeddingBagCollectionSharder
+from dlrm_scale.bridge.sharders import sharder_for
 from planner.cost.cost_model import AnalyticCostModel
 from planner.search.candidates import enumerate_options
 from planner.spec.errors import ConfigError
