@@ -31,7 +31,7 @@ def point(name: str, moved: int) -> Replanned:
 def test_a_move_is_taken_only_when_it_saves_more_than_the_measurement_can_tell_and_pays_for_itself():
     running = plan_of("table_wise@2")
     other = [(point("mixed@2", 10**9), 8.0)]
-    move, why, chosen, ms = choose(running, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
+    move, why, chosen, ms, gain_s = choose(running, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
     assert move and chosen.plan.tables == plan_of("mixed@2").tables and ms == 8.0 and "20.0% of the step" in why
     # 20% saved, but the windows differ by 25%: the gain may be noise
     assert not choose(running, 10.0, other, 10_000, 5.0, spread=0.25)[0]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from dlrm_scale.tools.fit import Fit, fit_runs, fitted_fields
-from dlrm_scale.tools.runs import load_run
+from dlrm_scale.tools.runs import MeasuredRun, load_run
 from planner.spec.config import hardware_path, read_yaml
 from planner.spec.errors import ConfigError
 
@@ -31,7 +31,11 @@ def write_profile(out: Path, profile: dict, header: str) -> None:
 def refit_from_runs(run_dirs: list[Path], start: str, out: Path, header: str | None = None) -> tuple[dict, Fit]:
     """`start`'s profile (a name or .yaml path) with every constant refitted to the runs in
     `run_dirs`, written to `out`; the profile records what it was fitted on and its residuals."""
-    runs = [load_run(d, start) for d in run_dirs]
+    return refit([load_run(d, start) for d in run_dirs], start, out, header)
+
+
+def refit(runs: list[MeasuredRun], start: str, out: Path, header: str | None = None) -> tuple[dict, Fit]:
+    """The same for runs already read back, priced with `start`."""
     kernels = {(r.run.train.cpu_embeddings, r.run.train.interaction) for r in runs}
     if len(kernels) > 1:
         raise ConfigError(f"calibrate --from-runs: the runs trained with different CPU kernels ({', '.join(sorted(map(str, kernels)))}); "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dlrm_scale.run_record import PHASE_GROUPS
 from dlrm_scale.tools.fit import compare
-from dlrm_scale.tools.refit import refit_from_runs
+from dlrm_scale.tools.refit import refit
 from dlrm_scale.tools.runs import load_run
 from dlrm_scale.tools.simulate import simulate
 from planner.plan.document import Plan
@@ -109,7 +109,7 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     measured = load_run(out_dir, profile)
     before = compare(measured)
     fitted_path = out_dir / FITTED_PROFILE
-    refit_from_runs([out_dir], profile, fitted_path, header=f"# Fitted by `dlrm-scale train --retune` to its own steps, from {profile}.\n")
+    refit([measured], profile, fitted_path, header=f"# Fitted by `dlrm-scale train --retune` to its own steps, from {profile}.\n")
     refitted = load_run(out_dir, str(fitted_path))
     after = compare(refitted)
     run = refitted.run
@@ -124,13 +124,12 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     # the unconstrained plan first: when even it is not worth a move, no front of moves is (the
     # front's budgets each search again: seconds every rank waits)
     free = make_plan(run.problem, config=solver)
-    move, why, point, new_ms = choose(measured.plan, current_ms, [(Replanned(free, 0, None, free.lower_bound_ms), step_ms(free))],
-                                      steps_left, move_s, measured.spread)
+    move, why, point, new_ms, gain_s = choose(measured.plan, current_ms, [(Replanned(free, 0, None, free.lower_bound_ms), step_ms(free))],
+                                              steps_left, move_s, measured.spread)
     if move:
         front = replan(run.problem, measured.plan, config=solver)
-        move, why, point, new_ms = choose(measured.plan, current_ms, [(p, step_ms(p.plan)) for p in front.points], steps_left,
-                                          move_s, measured.spread)
-    gain_s = (current_ms - new_ms) * steps_left / 1e3
+        move, why, point, new_ms, gain_s = choose(measured.plan, current_ms, [(p, step_ms(p.plan)) for p in front.points], steps_left,
+                                                  move_s, measured.spread)
     phases = {g: [before.fair_phases[g][0], after.fair_phases[g][0], after.fair_phases[g][1]] for g in PHASE_GROUPS}
     return Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,
                     new_ms if move else current_ms, point.moved_bytes if move else 0, model_gib, gain_s, move_s, phases,
@@ -138,9 +137,9 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
 
 
 def choose(running: Plan, current_ms: float, priced: list[tuple[Replanned, float]], steps_left: int, move_s: float,
-           spread: float) -> tuple[bool, str, Replanned, float]:
-    """(move?, why, the point, its predicted step) among the front's points, each with its
-    predicted step. A move costs the same whatever moves (the whole state goes through a
+           spread: float) -> tuple[bool, str, Replanned, float, float]:
+    """(move?, why, the point, its predicted step, its gain in s over the steps left) among the
+    front's points, each given with its predicted step. A move costs the same whatever moves (the whole state goes through a
     checkpoint), so the fastest point is taken, or one within NEAR of it that moves fewer bytes
     (the front is ordered by bytes)."""
     fastest = min(ms for _, ms in priced)
@@ -149,11 +148,13 @@ def choose(running: Plan, current_ms: float, priced: list[tuple[Replanned, float
     saved = 1 - new_ms / current_ms
     needed = max(MIN_GAIN, spread)
     if point.plan.tables == running.tables:
-        return False, "the refitted profile plans the same layout", point, new_ms
+        return False, "the refitted profile plans the same layout", point, new_ms, gain_s
     if saved < needed:
-        return False, f"the best replan saves {100 * saved:.1f}% of the step, under the {100 * needed:.1f}% a measurement can tell", point, new_ms
+        return (False, f"the best replan saves {100 * saved:.1f}% of the step, under the {100 * needed:.1f}% a measurement can tell",
+                point, new_ms, gain_s)
     if gain_s <= move_s:
-        return False, f"it would save {gain_s:.1f} s over the {steps_left} steps left, under the {move_s:.1f} s a move costs", point, new_ms
+        return (False, f"it would save {gain_s:.1f} s over the {steps_left} steps left, under the {move_s:.1f} s a move costs",
+                point, new_ms, gain_s)
     return True, (f"a replan saves {100 * saved:.1f}% of the step ({current_ms:.2f} -> {new_ms:.2f} ms predicted), "
                   f"{gain_s:.1f} s over the {steps_left} steps left against {move_s:.1f} s to move "
-                  f"{point.moved_bytes / GIB:.3f} GiB"), point, new_ms
+                  f"{point.moved_bytes / GIB:.3f} GiB"), point, new_ms, gain_s
