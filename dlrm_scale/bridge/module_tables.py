@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ModuleSharder
@@ -115,9 +114,8 @@ def embedding_optimizer(tables: list[ModuleTable]) -> str | None:
     apply_optimizer_in_backward, else the sharders' fused_params; None where neither says."""
     found: dict[str, str] = {}
     for t in tables:
-        weight = dict(t.collection.named_parameters()).get(
-            f"{'embedding_bags' if t.pooled else 'embeddings'}.{t.name}.weight")
-        classes = getattr(weight, "_optimizer_classes", None) if isinstance(weight, torch.Tensor) else None
+        weight = (t.collection.embedding_bags if t.pooled else t.collection.embeddings)[t.name].weight
+        classes = getattr(weight, "_optimizer_classes", None)
         fused = (getattr(t.sharder, "fused_params", None) or {}).get("optimizer")
         spelt = classes[0].__name__ if classes else getattr(fused, "name", None)
         if spelt is None:
