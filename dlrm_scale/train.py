@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import replace
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -105,9 +105,12 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
 def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, out_dir: Path,
                       data_path: str | None, resume: bool, tuner=None):
     """Train `run` under `plan` and, each time the tuner moves the job, on under the new plan from
-    the checkpoint of the step it stopped at; yields each trainer as it starts."""
+    the checkpoint of the step it stopped at; yields each trainer as it starts. OUT_DIR/plan.json
+    is the plan the job trains under."""
     from dlrm_scale.training.trainer import Trainer
 
+    if rank == 0:
+        plan.save(out_dir / "plan.json")
     while True:
         trainer = Trainer(run, plan, device, rank, world, out_dir, data_path=data_path, resume=resume, tuner=tuner)
         yield trainer
@@ -123,11 +126,11 @@ def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: in
         dist.all_reduce(runs_everywhere, op=dist.ReduceOp.MIN, group=host_group())
         if runs_everywhere.item():
             plan = trainer.next_plan
+            if rank == 0:
+                plan.save(out_dir / "plan.json")
         elif rank == 0:  # nothing is lost: on under the plan in use, from the checkpoint just saved
             print(f"retune: the new plan cannot run on every rank ({why or 'another rank refused it'}); going on under the plan in use",
                   flush=True)
-        if rank == 0:
-            plan.save(out_dir / "plan.json")
         saved = ckpt_layout.step_dir(run.checkpoint.directory, trainer.stopped_at)
         run, resume = replace(run, checkpoint=replace(run.checkpoint, resume_from=str(saved))), True
 
@@ -144,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {elsewhere}", flush=True)
         plan = obtain_plan(job, run, rank)
         check_plan_runs(plan, run, device.type, [rank])
-        if rank == 0:
-            plan.save(job.out_dir / "plan.json")
         tuner = Tuner(run.retune, job.out_dir, str(run.profile), rank, run.checkpoint.directory) if run.retune.enabled else None
         trainer = None
         try:
