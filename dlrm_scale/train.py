@@ -128,9 +128,11 @@ def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: in
             plan = trainer.next_plan
             if rank == 0:
                 plan.save(out_dir / "plan.json")
-        elif rank == 0:  # nothing is lost: on under the plan in use, from the checkpoint just saved
-            print(f"retune: the new plan cannot run on every rank ({why or 'another rank refused it'}); going on under the plan in use",
-                  flush=True)
+        else:  # nothing is lost: on under the plan in use, from the checkpoint just saved
+            tuner.move_refused()
+            if rank == 0:
+                print(f"retune: the new plan cannot run on every rank ({why or 'another rank refused it'}); going on under the plan in use",
+                      flush=True)
         saved = ckpt_layout.step_dir(run.checkpoint.directory, trainer.stopped_at)
         run, resume = replace(run, checkpoint=replace(run.checkpoint, resume_from=str(saved))), True
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm_scale.tuning.decide import FITTED_PROFILE, MIN_GAIN, MoveCost, choose, decide
+from dlrm_scale.tuning.decide import FITTED_PROFILE, MIN_GAIN, Candidate, MoveCost, choose, decide
 from planner.plan.document import Plan
 from planner.replan.replan import Replanned
 from tests.test_plan_invariance import GLOBAL_BATCH, SEED, TABLES, plan_of, problem
@@ -24,32 +24,71 @@ RECORDED = ROOT / "tests" / "data" / "recorded_runs" / "run0_table_wise"
 
 
 # ---- the rule ------------------------------------------------------------------------------------
-def point(name: str, moved: int) -> Replanned:
-    return Replanned(plan_of(name), moved, None, 0.0)
+def point(name: str, moved: int, ms: float, measured: bool = False, guess: bool = False) -> Candidate:
+    return Candidate(Replanned(plan_of(name), moved, None, 0.0), ms, measured, guess)
 
 
 def test_a_move_is_taken_only_when_it_saves_more_than_the_measurement_can_tell_and_pays_for_itself():
     running = plan_of("table_wise@2")
-    other = [(point("mixed@2", 10**9), 8.0)]
-    move, why, chosen, ms, gain_s = choose(running, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
-    assert move and chosen.plan.tables == plan_of("mixed@2").tables and ms == 8.0 and "20.0% of the step" in why
+    other = [point("mixed@2", 10**9, 8.0)]
+    move, why, chosen, gain_s = choose(running, 10.0, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
+    assert move and chosen.point.plan.tables == plan_of("mixed@2").tables and gain_s == pytest.approx(20.0) and "20.0% of the step" in why
     # 20% saved, but the windows differ by 25%: the gain may be noise
-    assert not choose(running, 10.0, other, 10_000, 5.0, spread=0.25)[0]
+    assert not choose(running, 10.0, 10.0, other, 10_000, 5.0, spread=0.25)[0]
     # below MIN_GAIN, however steady the windows
-    assert not choose(running, 10.0, [(point("mixed@2", 1), 10.0 * (1 - MIN_GAIN / 2))], 10**6, 0.0, 0.0)[0]
+    assert not choose(running, 10.0, 10.0, [point("mixed@2", 1, 10.0 * (1 - MIN_GAIN / 2))], 10**6, 0.0, 0.0)[0]
     # 2 ms x 100 steps = 0.2 s does not pay for a 5 s move (x 10,000 steps, 20 s, does)
-    move, why, *_ = choose(running, 10.0, other, 100, 5.0, 0.01)
+    move, why, *_ = choose(running, 10.0, 10.0, other, 100, 5.0, 0.01)
     assert not move and "under the 5.0 s a move costs" in why
     # the replan keeps the layout: nothing to move to
-    assert choose(running, 10.0, [(point("table_wise@2", 0), 10.0)], 1000, 0.0, 0.0)[1] == "the refitted profile plans the same layout"
+    assert choose(running, 10.0, 10.0, [point("table_wise@2", 0, 10.0)], 1000, 0.0, 0.0)[1] == "the refitted profile plans the same layout"
+
+
+def test_a_guess_must_pay_for_the_move_back_too():
+    """A point whose prediction rests on work no measured layout did: 20 s saved pays for one
+    12 s move, not for two."""
+    running = plan_of("table_wise@2")
+    assert choose(running, 10.0, 10.0, [point("mixed@2", 1, 8.0)], 10_000, 12.0, 0.0)[0]
+    move, why, *_ = choose(running, 10.0, 10.0, [point("mixed@2", 1, 8.0, guess=True)], 10_000, 12.0, 0.0)
+    assert not move and "24.0 s of a move and the move back" in why
+    # beside a guess that predicts more, a sure point that nets more is taken
+    both = [point("cached@2", 1, 7.0, guess=True), point("mixed@2", 2, 8.0)]
+    assert choose(running, 10.0, 10.0, both, 10_000, 12.0, 0.0)[2].point.moved_bytes == 2
+
+
+def test_a_layout_measured_before_is_priced_by_its_measurement_against_the_measured_step():
+    """After a move the fit predicted 10 ms for but that measures 12 ms: the layout measured
+    before at 9 ms is 25% faster as measured (the refit's 10 ms of the running plan is no measure of it)."""
+    running = plan_of("mixed@2")
+    back = [point("table_wise@2", 10**8, 9.0, measured=True)]
+    move, why, chosen, gain_s = choose(running, 10.0, 12.0, back, 10_000, 5.0, 0.0)
+    assert move and chosen.measured and gain_s == pytest.approx(30.0) and why.startswith("going back to a layout measured saves 25.0%")
+    assert not choose(running, 10.0, 9.2, back, 10_000, 5.0, 0.0)[0]  # 2% as measured: within what a measurement tells
 
 
 def test_of_points_as_fast_the_one_moving_fewest_bytes_is_taken():
     running = plan_of("table_wise@2")
-    front = [(point("cached@2", 10), 8.05), (point("mixed@2", 10**9), 8.0)]  # by bytes moved, as the front is
-    assert choose(running, 10.0, front, 1000, 1.0, 0.0)[2].moved_bytes == 10
-    front = [(point("cached@2", 10), 9.0), (point("mixed@2", 10**9), 8.0)]
-    assert choose(running, 10.0, front, 1000, 1.0, 0.0)[2].moved_bytes == 10**9
+    front = [point("cached@2", 10, 8.05), point("mixed@2", 10**9, 8.0)]  # by bytes moved, as the front is
+    assert choose(running, 10.0, 10.0, front, 1000, 1.0, 0.0)[2].point.moved_bytes == 10
+    front = [point("cached@2", 10, 9.0), point("mixed@2", 10**9, 8.0)]
+    assert choose(running, 10.0, 10.0, front, 1000, 1.0, 0.0)[2].point.moved_bytes == 10**9
+
+
+def test_work_a_layout_does_is_known_to_the_fit_only_when_a_measured_layout_did_it():
+    """Column-wise tables permute their pooled columns, table-wise ones do not: a fit to
+    table-wise runs has no measure of that constant, so a column-wise plan it prices is a guess."""
+    from dlrm_scale.run_config import ModelConfig
+    from dlrm_scale.tools.fit import exercised
+    from planner.plan.document import table_layout
+    from planner.spec.types import ShardingType
+    from tests.test_plan_invariance import TABLES
+
+    tw = plan_of("table_wise@2")
+    cw = Plan(2, 2, {t.name: table_layout(t, ShardingType.COLUMN_WISE, [0, 1], "ddr", None) for t in TABLES}, (), 0.0, 0.0)
+    model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
+    known = exercised(tw, problem(2), model, "sgd")
+    assert "column_permute_value_ns" in exercised(cw, problem(2), model, "sgd") - known
+    assert {"lookup_fwd_ns", "comm_byte_ns", "dense_gflops"} <= known
 
 
 def test_a_decision_from_a_recorded_run_refits_the_wrong_profile_it_started_from(tmp_path):
@@ -57,7 +96,8 @@ def test_a_decision_from_a_recorded_run_refits_the_wrong_profile_it_started_from
     profile is written beside the metrics and predicts the run far better than the one it started from."""
     run_dir = tmp_path / "run"
     shutil.copytree(RECORDED, run_dir)
-    decision = decide(run_dir, "h100_dgx", step=40, steps_left=1000, cost=MoveCost(5.0, 4.0), time_limit_s=2.0)
+    decision, measured = decide(run_dir, "h100_dgx", step=40, steps_left=1000, cost=MoveCost(5.0, 4.0), time_limit_s=2.0)
+    assert measured.step_ms == decision.measured_step_ms
     assert (run_dir / FITTED_PROFILE).is_file() and decision.profile == str(run_dir / FITTED_PROFILE)
     error = lambda ms: abs(ms / decision.measured_step_ms - 1)  # noqa: E731
     assert error(decision.predicted_before_ms) > 0.9 and error(decision.predicted_ms) < 0.25
@@ -143,8 +183,11 @@ def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_nev
         losses[move_to] = [m["loss"] for m in metrics if "loss" in m]
         if move_to:
             assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", kept))] == [True, True]
-            reshard = next(m for m in metrics if "reshard" in m)
-            assert reshard["step"] == MOVE_AT and reshard["reshard"]["seconds"] > 0
+            reshards = [m for m in metrics if "reshard" in m]
+            if kept == move_to:
+                assert [m["step"] for m in reshards] == [MOVE_AT] and reshards[0]["reshard"]["seconds"] > 0
+            else:  # refused: nothing moved, nothing to report as a reshard
+                assert reshards == []
             assert Plan.load(d / "plan.json").tables == plan_of(kept).tables
     for move_to in ("mixed@2", "cached@2"):
         assert len(losses[move_to]) == len(losses[None]) == STEPS

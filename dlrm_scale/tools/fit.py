@@ -32,6 +32,8 @@ import numpy as np
 from dlrm_scale.tools.runs import MeasuredRun
 from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
 from dlrm_scale.tools.simulate import simulate
+from planner.plan.document import Plan
+from planner.spec.problem import PlanningProblem
 from planner.spec.specs import ClusterSpec
 
 # The constants fitted, by profile key. A bandwidth is fitted as its reciprocal; "link_gb_per_s"
@@ -114,21 +116,35 @@ class RunDesign:
         return offset, coefficients
 
 
-def design(run: MeasuredRun) -> RunDesign:
-    problem, model = run.run.problem, run.run.model
+def _linear_parts(plan: Plan, problem: PlanningProblem, model, dense_optimizer: str) -> tuple[np.ndarray, ...]:
+    """(offset, coefficients, overlap offset, overlap coefficients) of `plan`'s phases, as
+    RunDesign keeps them."""
     zero = dict.fromkeys(FITTED, 0.0)
 
     def parts(values: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         p = replace(problem, cluster=with_values(problem.cluster, values))
-        sim = simulate(run.plan, p, model, run.run.train.dense_optimizer)
+        sim = simulate(plan, p, model, dense_optimizer)
         phases = np.array([[r.phases_ms[g] for g in PHASE_GROUPS] for r in sim.ranks])
         phases[:, ALL_REDUCE] += sim.overlap.hidden_ms
         return phases, np.array([sim.overlap.replica_all_reduce_ms, *sim.overlap.sharded_backward_ms])
 
     offset, overlap_offset = parts(zero)
     columns = [parts({**zero, name: 1.0}) for name in FITTED]
-    return RunDesign(run, offset, np.stack([c[0] - offset for c in columns], axis=-1),
-                     overlap_offset, np.stack([c[1] - overlap_offset for c in columns], axis=-1))
+    return (offset, np.stack([c[0] - offset for c in columns], axis=-1),
+            overlap_offset, np.stack([c[1] - overlap_offset for c in columns], axis=-1))
+
+
+def design(run: MeasuredRun) -> RunDesign:
+    return RunDesign(run, *_linear_parts(run.plan, run.run.problem, run.run.model, run.run.train.dense_optimizer))
+
+
+def exercised(plan: Plan, problem: PlanningProblem, model, dense_optimizer: str) -> frozenset[str]:
+    """The fitted constants `plan`'s predicted step depends on: a run of it measures them, and a
+    fit to runs that exercise none of them has nothing to set them by (they keep the starting
+    profile's values, which a datasheet profile leaves at 0 for work its device does not do)."""
+    _, coefficients, _, overlap_coefficients = _linear_parts(plan, problem, model, dense_optimizer)
+    used = (np.abs(coefficients).sum(axis=(0, 1)) + np.abs(overlap_coefficients).sum(axis=0)) > 0
+    return frozenset(name for name, u in zip(FITTED, used) if u)
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

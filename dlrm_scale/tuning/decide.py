@@ -1,19 +1,23 @@
-"""One decision of a self-tuning job, torch-free: the job's own measurement refits its profile,
+"""One decision of a self-tuning job, torch-free: the job's own measurements refit its profile,
 the running plan is replanned from with least movement, and a move is taken only when its
 predicted gain over the steps left outweighs what moving costs.
 
 - measure: the windows logged since the measurement began (dlrm_scale.tools.runs: the last run
-  record in metrics.jsonl starts them), under the plan in plan.json;
-- fit: `calibrate --from-runs`'s fit (dlrm_scale.tools.refit) started from, and regularised
-  toward, the profile the job is priced with; written to OUT_DIR/fitted_profile.yaml, so the
-  next job can start from it;
+  record in metrics.jsonl starts them), under the plan in plan.json; beside it, the last
+  measurement of each other layout this job trained under (`earlier`);
+- fit: `calibrate --from-runs`'s fit (dlrm_scale.tools.refit) to all of them, started from, and
+  regularised toward, the profile the job is priced with; written to OUT_DIR/fitted_profile.yaml,
+  so the next job can start from it;
 - replan: the unconstrained plan under the fitted profile first, each plan's whole step priced
   by it (dlrm_scale.tools.simulate); only when that is worth a move, planner.replan's front of
-  (bytes moved, busiest rank) from the running plan;
-- decide: the fastest point (or one within NEAR of it that moves fewer bytes), taken when its
-  gain, (step saved) x (steps left), outweighs the cost of moving and the step it saves is more
-  than the measured window-to-window spread and MIN_GAIN (below either, the gain is within what
-  the measurement can tell).
+  (bytes moved, busiest rank) from the running plan; and each layout measured before, priced by
+  its measurement (a move back is no guess);
+- decide: the point whose gain, (step saved) x (steps left), most exceeds what moving there may
+  cost, taken when that is positive and the step it saves is more than the measured
+  window-to-window spread and MIN_GAIN (below either, the gain is within what the measurement
+  can tell). A point whose prediction rests on work no measured layout did (a constant of the
+  fit that none of them exercises, say the column permute of column-wise tables when the job
+  only ran row-wise) is a guess: its move must pay for the move back as well.
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 from dlrm_scale.run_record import PHASE_GROUPS
-from dlrm_scale.tools.fit import compare
+from dlrm_scale.tools.fit import compare, exercised
 from dlrm_scale.tools.refit import refit
-from dlrm_scale.tools.runs import load_run
+from dlrm_scale.tools.runs import MeasuredRun, load_run
 from dlrm_scale.tools.simulate import simulate
 from planner.plan.document import Plan
 from planner.plan.planning import make_plan
 from planner.replan.replan import Replanned, model_bytes, replan
 from planner.search.solver import SolverConfig
 from planner.spec.specs import GIB
+from planner.views.diff import diff_plans
 
 FITTED_PROFILE = "fitted_profile.yaml"
 # The least step a move must save, as a share of the step: the fitted model's error on a plan it
@@ -91,7 +97,9 @@ class Decision:
     moved_bytes: int
     model_gib: float  # weights and optimizer state, all of which a move saves and loads
     gain_s: float  # predicted over the steps left
-    cost_s: float
+    cost_s: float  # of one move
+    guess: bool  # the point's prediction rests on work no measured layout did
+    measured_before: bool  # the point is a layout this job measured (priced by that measurement)
     phases_ms: dict[str, list[float]]  # per phase group: [predicted before the fit, after it, measured]
     plan: dict | None = None  # the plan moved to (plan/v1), when moving
 
@@ -105,56 +113,95 @@ class Decision:
                 f"predicted {self.predicted_before_ms:.2f} ms by the profile, {self.predicted_ms:.2f} ms refitted; {verb}: {self.why}")
 
 
-def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCost, time_limit_s: float = 10.0) -> Decision:
+@dataclass(frozen=True)
+class Candidate:
+    point: Replanned
+    step_ms: float  # predicted by the fitted profile, or measured
+    measured: bool = False  # a layout the job trained under: step_ms is its measurement
+    guess: bool = False  # its prediction rests on constants no measured layout exercises
+
+
+def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCost, earlier: Sequence[MeasuredRun] = (),
+           time_limit_s: float = 10.0) -> tuple[Decision, MeasuredRun]:
+    """The decision, and the measurement it was made on (a later decision's `earlier`). `earlier`:
+    the last measurement of each other layout the job trained under, on the same data."""
     measured = load_run(out_dir, profile)
+    earlier = [r for r in earlier if r.plan.tables != measured.plan.tables]
     before = compare(measured)
     fitted_path = out_dir / FITTED_PROFILE
-    refit([measured], profile, fitted_path, header=f"# Fitted by `dlrm-scale train --retune` to its own steps, from {profile}.\n")
+    refit([measured, *earlier], profile, fitted_path,
+          header=f"# Fitted by `dlrm-scale train --retune` to its own steps under {1 + len(earlier)} layouts, from {profile}.\n")
     refitted = load_run(out_dir, str(fitted_path))
     after = compare(refitted)
     run = refitted.run
     current_ms = after.predicted_step_ms
-    model_gib = model_bytes(measured.plan, run.problem.training.embedding_optimizer) / GIB
+    optimizer = run.problem.training.embedding_optimizer
+    model_gib = model_bytes(measured.plan, optimizer) / GIB
     move_s = cost.seconds(model_gib)
     solver = SolverConfig(time_limit_s=time_limit_s)
+    known = frozenset().union(*(exercised(r.plan, r.run.problem, r.run.model, r.run.train.dense_optimizer) for r in [measured, *earlier]))
 
-    def step_ms(plan: Plan) -> float:
-        return simulate(plan, run.problem, run.model, run.train.dense_optimizer).step_ms
+    def predicted(point: Replanned) -> Candidate:
+        plan = point.plan
+        guess = not exercised(plan, run.problem, run.model, run.train.dense_optimizer) <= known
+        return Candidate(point, simulate(plan, run.problem, run.model, run.train.dense_optimizer).step_ms, guess=guess)
+
+    def remeasured(r: MeasuredRun) -> Candidate:
+        change = diff_plans(measured.plan, r.plan, optimizer)
+        moved = change.intra_node_bytes + change.inter_node_bytes
+        return Candidate(Replanned(r.plan, moved, None, r.plan.lower_bound_ms), r.step_ms, measured=True)
 
     # the unconstrained plan first: when even it is not worth a move, no front of moves is (the
     # front's budgets each search again: seconds every rank waits)
     free = make_plan(run.problem, config=solver)
-    move, why, point, new_ms, gain_s = choose(measured.plan, current_ms, [(Replanned(free, 0, None, free.lower_bound_ms), step_ms(free))],
-                                              steps_left, move_s, measured.spread)
-    if move:
+    back = [remeasured(r) for r in earlier]
+    candidates = [predicted(Replanned(free, 0, None, free.lower_bound_ms)), *back]
+    move, why, chosen, gain_s = choose(measured.plan, current_ms, measured.step_ms, candidates, steps_left, move_s, measured.spread)
+    if move and not chosen.measured:
         front = replan(run.problem, measured.plan, config=solver)
-        move, why, point, new_ms, gain_s = choose(measured.plan, current_ms, [(p, step_ms(p.plan)) for p in front.points], steps_left,
-                                                  move_s, measured.spread)
+        move, why, chosen, gain_s = choose(measured.plan, current_ms, measured.step_ms, [*map(predicted, front.points), *back],
+                                           steps_left, move_s, measured.spread)
     phases = {g: [before.fair_phases[g][0], after.fair_phases[g][0], after.fair_phases[g][1]] for g in PHASE_GROUPS}
-    return Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,
-                    new_ms if move else current_ms, point.moved_bytes if move else 0, model_gib, gain_s, move_s, phases,
-                    point.plan.to_dict() if move else None)
+    decision = Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,
+                        chosen.step_ms if move else current_ms, chosen.point.moved_bytes if move else 0, model_gib, gain_s, move_s,
+                        move and chosen.guess, move and chosen.measured, phases,
+                        chosen.point.plan.to_dict() if move else None)
+    return decision, measured
 
 
-def choose(running: Plan, current_ms: float, priced: list[tuple[Replanned, float]], steps_left: int, move_s: float,
-           spread: float) -> tuple[bool, str, Replanned, float, float]:
-    """(move?, why, the point, its predicted step, its gain in s over the steps left) among the
-    front's points, each given with its predicted step. A move costs the same whatever moves (the whole state goes through a
-    checkpoint), so the fastest point is taken, or one within NEAR of it that moves fewer bytes
-    (the front is ordered by bytes)."""
-    fastest = min(ms for _, ms in priced)
-    point, new_ms = next((p, ms) for p, ms in priced if ms <= fastest * (1 + NEAR))
-    gain_s = (current_ms - new_ms) * steps_left / 1e3
-    saved = 1 - new_ms / current_ms
+def choose(running: Plan, current_ms: float, measured_ms: float, candidates: Sequence[Candidate], steps_left: int, move_s: float,
+           spread: float) -> tuple[bool, str, Candidate, float]:
+    """(move?, why, the candidate, its gain in s over the steps left). The running plan's step is
+    `current_ms` as the fitted profile predicts it, beside a predicted candidate, and
+    `measured_ms` beside a measured one (like with like). A move costs the same whatever moves
+    (the whole state goes through a checkpoint); a guess is charged the move back too. The
+    candidate whose gain most exceeds its charge is taken, or one within NEAR of the step of it
+    that moves fewer bytes (the front is ordered by bytes)."""
+    def gain_s(c: Candidate) -> float:
+        return ((measured_ms if c.measured else current_ms) - c.step_ms) * steps_left / 1e3
+
+    def charge_s(c: Candidate) -> float:
+        return move_s * (2 if c.guess else 1)
+
+    moving = [c for c in candidates if c.point.plan.tables != running.tables]
+    if not moving:
+        return False, "the refitted profile plans the same layout", candidates[0], 0.0
+    best = max(gain_s(c) - charge_s(c) for c in moving)
+    slack = NEAR * current_ms * steps_left / 1e3
+    chosen = next(c for c in moving if gain_s(c) - charge_s(c) >= best - slack)
+    gain = gain_s(chosen)
+    before_ms = measured_ms if chosen.measured else current_ms
+    saved = 1 - chosen.step_ms / before_ms
     needed = max(MIN_GAIN, spread)
-    if point.plan.tables == running.tables:
-        return False, "the refitted profile plans the same layout", point, new_ms, gain_s
     if saved < needed:
         return (False, f"the best replan saves {100 * saved:.1f}% of the step, under the {100 * needed:.1f}% a measurement can tell",
-                point, new_ms, gain_s)
-    if gain_s <= move_s:
-        return (False, f"it would save {gain_s:.1f} s over the {steps_left} steps left, under the {move_s:.1f} s a move costs",
-                point, new_ms, gain_s)
-    return True, (f"a replan saves {100 * saved:.1f}% of the step ({current_ms:.2f} -> {new_ms:.2f} ms predicted), "
-                  f"{gain_s:.1f} s over the {steps_left} steps left against {move_s:.1f} s to move "
-                  f"{point.moved_bytes / GIB:.3f} GiB"), point, new_ms, gain_s
+                chosen, gain)
+    if gain <= charge_s(chosen):
+        what = (f"the {charge_s(chosen):.1f} s of a move and the move back (its gain rests on work no layout of this job measured)"
+                if chosen.guess else f"the {move_s:.1f} s a move costs")
+        return False, f"it would save {gain:.1f} s over the {steps_left} steps left, under {what}", chosen, gain
+    whence = "measured" if chosen.measured else "predicted"
+    return True, (f"{'going back to a layout measured' if chosen.measured else 'a replan'} saves {100 * saved:.1f}% of the step "
+                  f"({before_ms:.2f} -> {chosen.step_ms:.2f} ms {whence}), {gain:.1f} s over the {steps_left} steps left against "
+                  f"{charge_s(chosen):.1f} s to move {chosen.point.moved_bytes / GIB:.3f} GiB"
+                  f"{' (and back, were it wrong: its gain rests on work no layout of this job measured)' if chosen.guess else ''}"), chosen, gain

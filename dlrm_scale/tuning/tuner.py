@@ -6,9 +6,12 @@ Every rank keeps the same schedule: the window records it reads are gathered fro
 (dlrm_scale.tuning.decide, torch-free) and sends the decision as JSON; a rank never waits for a
 decision another does not ask for.
 
-    start --warm-up--> measure --window--> decide: stay | move --warm-up--> watch
+    start --warm-up--> measure --window--> decide: stay --> watch
+                                                   move --warm-up--> measure (the new layout on
+                                                        probation: the next decision may move back)
     watch: DRIFT_WINDOWS windows in a row off the refitted prediction by more than --retune-drift
-           --> measure --window--> decide ...      (at most --retune-times decisions)
+           --> measure (the data moved: what other layouts measured before is dropped) --window--> decide ...
+    (at most --retune-times decisions)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 from dlrm_scale.bridge.broadcast import broadcast_text
 from dlrm_scale.run_config import RetuneConfig
 from dlrm_scale.training.host_group import host_group
+from dlrm_scale.tools.runs import MeasuredRun
 from dlrm_scale.tuning.decide import Decision, MoveCost, decide, disk_s_per_gib
 from planner.plan.document import Plan
 from planner.spec.errors import PlannerError
@@ -37,15 +41,18 @@ class Tuner:
         self.decisions = 0
         self.cost: MoveCost | None = None
         self.predicted_ms: float | None = None  # the refitted prediction of the running plan's step
+        self._staying_ms: float | None = None  # the same, for the plan in use while a move is under way
         self._warm_until = 0  # windows before this step are neither measured nor watched
         self._measuring_since: int | None = None  # the step the measurement began (None: not measuring)
         self._watching = False  # after a decision: comparing each window with predicted_ms
         self._off = 0
         self._moving: dict | None = None  # the move under way: when it began, what it moved
+        self._measured: list[MeasuredRun] = []  # rank 0: the last measurement of each layout, on the data as it is now
 
     def started(self, step: int, build_s: float, restore_s: float = 0.0) -> dict | None:
-        """A trainer starts at `step`: the job's start (measure after the warm-up), or a move's end
-        (watch the new plan after the warm-up; the move's cost is measured and returned as a record)."""
+        """A trainer starts at `step`: the job's start, or a move's end (the move's cost is measured
+        and returned as a record); either way its plan is measured after the warm-up. (After a
+        refused move, see move_refused, the plan in use is watched as before.)"""
         self._warm_until, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
         if self._moving is None:
             if self.cost is None and self.rank == 0:  # only rank 0 decides, so only it measures the disk
@@ -54,9 +61,14 @@ class Tuner:
         moved, model_gib = self._moving["moved_bytes"], self._moving["model_gib"]
         total = time.monotonic() - self._moving["began"]
         self.cost = MoveCost(rebuild_s=build_s, s_per_gib=(total - build_s) / model_gib if model_gib > 0 else 0.0)
-        self._moving = None
+        self._moving, self._watching = None, False  # the new layout on probation: measured after its warm-up
         return {"step": step, "reshard": {"seconds": total, "rebuild_s": build_s, "restore_s": restore_s, "moved_gib": moved / GIB,
                                           "s_per_gib_moved": total / (moved / GIB) if moved else None}}
+
+    def move_refused(self) -> None:
+        """The plan decided on cannot run on every rank: the job goes on under the plan in use,
+        watched against its own prediction (measuring it again would decide the same move)."""
+        self._moving, self.predicted_ms = None, self._staying_ms
 
     def after_window(self, done: int, window_step_ms: float, steps: int, log, run_record: dict) -> Plan | None:
         """After each logging window, on every rank: the plan to move to (the trainer then saves
@@ -69,6 +81,7 @@ class Tuner:
                 self._off = self._off + 1 if off else 0
                 if self._off < DRIFT_WINDOWS:
                     return None
+                self._measured = []  # the job drifted: other layouts' measurements were of other data
             self._measuring_since, self._off = done, 0
             log({"step": done, "run": run_record})  # the measurement: the windows after this record
             return None
@@ -80,7 +93,9 @@ class Tuner:
         text = None
         if self.rank == 0:
             try:
-                decision = decide(self.out_dir, self.profile, done, steps_left, self.cost, REPLAN_TIME_LIMIT_S)
+                decision, measured = decide(self.out_dir, self.profile, done, steps_left, self.cost, self._measured,
+                                            REPLAN_TIME_LIMIT_S)
+                self._measured = [r for r in self._measured if r.plan.tables != measured.plan.tables] + [measured]
                 text = json.dumps(asdict(decision))
             except PlannerError as e:  # a measurement it cannot fit: go on under the plan in use, and measure again
                 text = json.dumps({"error": str(e)})
@@ -95,7 +110,7 @@ class Tuner:
         log({"step": done, "retune": decision.record()})
         self._say(decision.line())
         self.profile = decision.profile  # the next fit starts from this one
-        self.predicted_ms, self._watching = decision.new_predicted_ms, True
+        self.predicted_ms, self._staying_ms, self._watching = decision.new_predicted_ms, decision.predicted_ms, True
         if not decision.move:
             return None
         self._moving = {"began": time.monotonic(), "moved_bytes": decision.moved_bytes, "model_gib": decision.model_gib}
