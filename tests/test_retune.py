@@ -207,6 +207,6 @@ def test_a_retuning_job_decides_writes_its_profile_and_finishes(tmp_path):
     assert "retune at step 20: measured" in run.stdout
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     decisions = [r["retune"] for r in records if "retune" in r]
-    assert decisions and all(d["why"] for d in decisions)
+    assert decisions and all(d["why"] and d["decide_s"] > 0 for d in decisions)
     assert (tmp_path / "out" / FITTED_PROFILE).read_text().startswith("# Fitted by `dlrm-scale train --retune`")
 

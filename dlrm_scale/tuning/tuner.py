@@ -90,7 +90,7 @@ class Tuner:
         return self._decide(done, steps - done, log)
 
     def _decide(self, done: int, steps_left: int, log) -> Plan | None:
-        text = None
+        began, text = time.monotonic(), None
         if self.rank == 0:
             try:
                 decision, measured = decide(self.out_dir, self.profile, done, steps_left, self.cost, self._measured,
@@ -107,7 +107,8 @@ class Tuner:
             self._say(f"retune at step {done}: no decision ({message['error']}); going on under the plan in use")
             return None
         decision = Decision(**message)
-        log({"step": done, "retune": decision.record()})
+        # every rank waited this long for the decision: part of what retuning costs
+        log({"step": done, "retune": {**decision.record(), "decide_s": time.monotonic() - began}})
         self._say(decision.line())
         self.profile = decision.profile  # the next fit starts from this one
         self.predicted_ms, self._staying_ms, self._watching = decision.new_predicted_ms, decision.predicted_ms, True
