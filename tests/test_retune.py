@@ -106,6 +106,32 @@ def test_a_decision_from_a_recorded_run_refits_the_wrong_profile_it_started_from
     assert not decision.move and decision.plan is None and decision.why  # this run's layout is already the refit's best
 
 
+def test_a_gpu_job_tunes_its_own_gpu_profile_and_replans_to_plans_the_cuda_path_maps(tmp_path):
+    """--retune on CUDA, asserted without a GPU (the decision is torch-free; scripts/gpu_check.py
+    runs the loop on one): a run priced with a CUDA profile is refitted into a CUDA profile (its
+    device and capacities kept), and the plans it replans to under it are CUDA plans that map
+    onto TorchRec's CUDA kernels and pass the checks a move makes on every rank."""
+    from dlrm_scale.bridge.sharding_plan import to_sharding_plan
+    from planner.plan.planning import make_plan
+    from planner.search.solver import SolverConfig
+    from dlrm_scale.tools.runs import load_run
+    from dlrm_scale.train import check_plan_runs
+    from planner.spec.config import read_yaml
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED, run_dir)
+    decision, _ = decide(run_dir, "a100_zionex", step=40, steps_left=10**9, cost=MoveCost(0.0, 0.0), time_limit_s=2.0)
+    fitted = read_yaml(Path(decision.profile), "profile")
+    assert fitted["device"] == "cuda" and fitted["hbm_gib_per_rank"] == read_yaml(ROOT / "configs" / "hardware" / "a100_zionex.yaml", "p")["hbm_gib_per_rank"]
+    run = load_run(run_dir, decision.profile).run
+    plan = make_plan(run.problem, config=SolverConfig(time_limit_s=2.0))  # decide's first candidate, under the fitted profile
+    check_plan_runs(plan, run, "cuda", [0])
+    assert {t.compute_kernel for t in plan.tables.values()} <= {"fused", "dense", "fused_uvm_caching", "key_value"}
+    sharding = to_sharding_plan(plan, "cuda").plan[""]
+    assert set(sharding) == set(plan.tables) and all(ps.compute_kernel == plan.tables[n].compute_kernel
+                                                     for n, ps in sharding.items() if ps.sharding_type != "data_parallel")
+
+
 # ---- the data whose hot set moves ----------------------------------------------------------------
 def test_the_hot_ids_move_at_the_drift_step_and_only_then():
     from dlrm_scale.training.data import SyntheticData
@@ -142,16 +168,18 @@ def test_bad_retune_flags_are_one_line(flags, line, tmp_path):
 STEPS, MOVE_AT = 12, 6
 
 
-def _train(rank, world, out_dir, move_to):
+def _train(rank, world, out_dir, move_to, start="table_wise@2", die_mid_move=False, resume=False, checkpoints=None):
+    import os
     import time
 
     from dlrm_scale.run_config import CheckpointConfig, ModelConfig, RetuneConfig, TrainConfig
     from dlrm_scale.train import train_under_plans
+    from dlrm_scale.training import trainer as trainer_module
     from dlrm_scale.tuning.tuner import Tuner
     from tests.conftest import run_config
 
     class MoveOnce(Tuner):
-        """The real schedule, warm-up and windows, with the decision given: move to mixed@2."""
+        """The real schedule, warm-up and windows, with the decision given: move to `move_to`."""
 
         def _decide(self, done, steps_left, log):
             self.decisions += 1
@@ -159,14 +187,27 @@ def _train(rank, world, out_dir, move_to):
             self._measuring_since, self._watching, self.predicted_ms = None, True, 1.0
             return plan_of(move_to)
 
+    if die_mid_move:  # killed with the move's checkpoint written, while the trainer is rebuilt under the new plan
+        build = trainer_module.Trainer.__init__
+
+        def dying(self, *args, resume=False, **kwargs):
+            if resume:
+                os._exit(9)
+            build(self, *args, resume=resume, **kwargs)
+
+        trainer_module.Trainer.__init__ = dying
     out = Path(out_dir)
     cfg = TrainConfig(steps=STEPS, embedding_lr=0.05, dense_lr=0.05, log_every=1, eval_batches=2, seed=SEED, deterministic=True,
                       cpu_embeddings="dlrm_scale", interaction="dlrm_scale")
     model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
-    run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(out / "ckpt", 0, 2))
+    run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(Path(checkpoints or out / "ckpt"), 0, 2))
     tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank, out / "ckpt") if move_to else None
-    plans = [t.plan.tables for t in train_under_plans(run, plan_of("table_wise@2"), torch.device("cpu"), rank, world, out, None, False, tuner)]
+    plans = [t.plan.tables for t in train_under_plans(run, plan_of(start), torch.device("cpu"), rank, world, out, None, resume, tuner)]
     return plans
+
+
+def _losses(directory: Path) -> list[float]:
+    return [m["loss"] for m in map(json.loads, (directory / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
 
 
 @pytest.mark.distributed
@@ -180,7 +221,7 @@ def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_nev
         d.mkdir()
         plans = run_on_ranks(_train, 2, str(d), move_to)
         metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-        losses[move_to] = [m["loss"] for m in metrics if "loss" in m]
+        losses[move_to] = _losses(d)
         if move_to:
             assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", kept))] == [True, True]
             reshards = [m for m in metrics if "reshard" in m]
@@ -189,9 +230,36 @@ def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_nev
             else:  # refused: nothing moved, nothing to report as a reshard
                 assert reshards == []
             assert Plan.load(d / "plan.json").tables == plan_of(kept).tables
+    again = tmp_path / "again"
+    again.mkdir()
+    run_on_ranks(_train, 2, str(again), "mixed@2")
+    assert _losses(again) == losses["mixed@2"]  # --deterministic: a job that moves is reproducible bitwise
     for move_to in ("mixed@2", "cached@2"):
         assert len(losses[move_to]) == len(losses[None]) == STEPS
         assert losses[move_to] == pytest.approx(losses[None], rel=1e-5)  # the invariance tests' bound
+
+
+@pytest.mark.distributed
+def test_a_job_killed_mid_move_resumes_from_the_moves_checkpoint_under_either_plan_with_nothing_lost(tmp_path):
+    """Every rank killed once the move's checkpoint is written, while the trainer is rebuilt
+    under the new plan: resumed under the old plan or the new one, the job goes on from the
+    step it moved at, as a job that never moved does."""
+    from dlrm_scale.tools.launch import run_on_ranks
+
+    (tmp_path / "still").mkdir()
+    run_on_ranks(_train, 2, str(tmp_path / "still"), None)
+    still = _losses(tmp_path / "still")
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    with pytest.raises(Exception, match="exit code 9|exitcode 9|signal|9"):
+        run_on_ranks(_train, 2, str(killed), "mixed@2", "table_wise@2", True)
+    assert _losses(killed) == pytest.approx(still[:MOVE_AT], rel=1e-5)
+    for plan in ("table_wise@2", "mixed@2"):
+        d = tmp_path / f"resumed_{plan.replace('@', '_')}"
+        shutil.copytree(killed / "ckpt", d / "ckpt")  # each resume from the checkpoints the kill left (a resume saves its own last step)
+        plans = run_on_ranks(_train, 2, str(d), None, plan, False, True)
+        assert plans == [plan_of(plan).tables]
+        assert _losses(d) == pytest.approx(still[MOVE_AT:], rel=1e-5)  # nothing lost, nothing trained twice
 
 
 @pytest.mark.distributed
