@@ -137,6 +137,17 @@ def test_planning_is_deterministic():
     assert a == b
 
 
+def test_a_plan_names_the_stages_the_wall_clock_stopped_and_only_those():
+    """A stage stopped on the wall clock rather than its own work budget ends wherever the
+    machine had got to: the plan says so (and which), so that two plans of the same inputs that
+    differ say why. Planned with time to spare, a small problem names none."""
+    problem = make_problem(synthetic_tables(100, 3), make_cluster(num_nodes=2, ranks_per_node=4), batch=2048)
+    cut = make_plan(problem, config=SolverConfig(time_limit_s=0.01))
+    assert "[wall clock: " in cut.solver and cut.solver.endswith("]")
+    small = make_problem(synthetic_tables(4, 1), make_cluster(num_nodes=1, ranks_per_node=2), batch=2048)
+    assert "wall clock" not in make_plan(small, config=SolverConfig(time_limit_s=60)).solver
+
+
 def test_large_instance_is_balanced_and_within_capacity():
     problem = make_problem(synthetic_tables(300, 2), make_cluster(num_nodes=4, ranks_per_node=8), batch=2048)
     plan = make_plan(problem, config=SolverConfig(time_limit_s=5))

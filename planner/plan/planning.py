@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from planner.search import wall_clock
 from planner.search.assignment import RankLoads
 from planner.cost.step import rank_perf_storage
 from planner.search.candidates import enumerate_options
@@ -63,16 +64,19 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
         attempts.insert(0, replace(problem, tiering=replace(problem.tiering, enabled=False)))
     constraints = problem.constraints
     rules = constraints.rank_rules([t.name for t in problem.tables]) if constraints is not None else RankRules()
-    for i, attempt in enumerate(attempts):
-        try:
-            search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
-            left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
-            solution, closed = _solve(search, search.options_by_table, problem.cluster, config, left)
-            solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
-            break
-        except InfeasiblePlanError:
-            if i == len(attempts) - 1:
-                raise
+    with wall_clock.recorded() as stops:
+        for i, attempt in enumerate(attempts):
+            stops.clear()  # of the attempt that plans
+            try:
+                search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
+                left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
+                solution, closed = _solve(search, search.options_by_table, problem.cluster, config, left)
+                solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
+                break
+            except InfeasiblePlanError:
+                if i == len(attempts) - 1:
+                    raise
+        solution = replace(solution, method=wall_clock.described(solution.method, stops))
     step_bound_ms = step_lower_bound_ms(search.options_by_table, problem.cluster.world_size, solution.lower_bound_ms,
                                         lambda types: sharding_types_ms(types, problem.cluster))
     plan = plan_from_solution(solution, problem, cost_model.name, (_step_ms(solution, problem.cluster), step_bound_ms))
@@ -129,7 +133,10 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
             allowed = set(used) - {drop}
             if sharding_types_ms(used, cluster) - sharding_types_ms(allowed, cluster) <= config.target_gap * best.max_rank_ms:
                 continue
-            if resolves == MAX_TYPE_RESOLVES or deadline_s - time.monotonic() < resolve.time_limit_s:
+            if resolves == MAX_TYPE_RESOLVES:
+                break
+            if deadline_s - time.monotonic() < resolve.time_limit_s:
+                wall_clock.note("fewer sharding types")
                 break  # a re-solve starts only with its whole share left: one squeezed in ran past the limit
             options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
             resolves += 1

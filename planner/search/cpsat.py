@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.search import wall_clock
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.spec.placement_rules import RankRules
 from planner.spec.specs import ClusterSpec
@@ -167,6 +168,7 @@ def solve_joint(
 
     solver = solver_parameters(max_deterministic_s, max_wall_s, seed, relative_gap)
     status = solver.Solve(model)
+    wall_clock.note_cpsat(solver, "joint model")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     out = Assignment()
@@ -419,6 +421,7 @@ class ClassModel:
                 model = self.model.clone()
                 self._add_packing_cuts(model, cap)
         status = solver.Solve(model)
+        wall_clock.note_cpsat(solver, "class model probes" if peak_at_most_ms is not None else "class model")
         spent = solver.deterministic_time
         if status == cp_model.INFEASIBLE and peak_at_most_ms is not None:
             # Loads are rounded down to ticks, so no plan's busiest rank is under the next tick.

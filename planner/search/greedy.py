@@ -12,6 +12,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from planner.search import wall_clock
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.spec.errors import InfeasiblePlanError
 from planner.spec.placement_rules import Occupancy, RankRules
@@ -360,7 +361,10 @@ def refine_by_splitting(
     best = local_search(pack(chosen, cluster, rules), cluster, rules)
     loads = RankLoads.of(best, cluster.world_size)
     best_score = _balance(loads.ms)[:2]
-    while time.monotonic() < deadline_s:
+    while True:
+        if time.monotonic() >= deadline_s:
+            wall_clock.note("splitting")
+            break
         top = int(np.argmax(loads.ms))
         on_top = sorted(
             {t for t, ranks in best.shard_ranks.items() if top in ranks},
@@ -383,6 +387,7 @@ def refine_by_splitting(
                 best, loads, best_score, improved = trial, trial_loads, trial_score, True
                 break
             if time.monotonic() >= deadline_s:
+                wall_clock.note("splitting")
                 break
         if not improved:
             break
@@ -431,11 +436,14 @@ def rechoose_options(
     best = assignment
     best_score = _balance(RankLoads.of(best, world).ms)
     changed = True
-    while changed and time.monotonic() < deadline_s:
+    while changed:
         changed = False
         for table in sorted(best.choice):
             for option in options_by_table[table]:
-                if time.monotonic() >= deadline_s or best_score[0] <= target_ms:
+                if best_score[0] <= target_ms:
+                    return best
+                if time.monotonic() >= deadline_s:
+                    wall_clock.note("option hill climbing")
                     return best
                 if option is best.choice[table] or option.max_shard_ms >= best_score[0]:
                     continue

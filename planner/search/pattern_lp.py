@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.linear_solver import pywraplp
 
+from planner.search import wall_clock
 from planner.search.cpsat import to_ticks
 from planner.spec.types import Placement, ShardingOption
 
@@ -143,7 +144,10 @@ class PatternLP:
                     break
             else:
                 return PatternCheck(False, None, rounds)  # converged just above W
-            if rounds == max_rounds or time.monotonic() >= deadline_s:
+            if rounds == max_rounds:
+                return PatternCheck(False, None, rounds)
+            if time.monotonic() >= deadline_s:
+                wall_clock.note("configuration LP")
                 return PatternCheck(False, None, rounds)
             load = sum(self.ticks[c] * n for c, n in pattern.items())
             self.patterns.append((load, pattern))

@@ -17,6 +17,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.search import wall_clock
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.search.cpsat import solver_parameters
 from planner.spec.placement_rules import RankRules
@@ -63,7 +64,10 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     peak_ms = max(cap_ms, float(RankLoads.of(assignment, world).ms.max()))
     unit_ms = peak_ms / TICKS_PER_PEAK
     stale, spent_s = 0, 0.0
-    while stale < STALE_ROUNDS and spent_s < budget_s and time.monotonic() < deadline_s:
+    while stale < STALE_ROUNDS and spent_s < budget_s:
+        if time.monotonic() >= deadline_s:
+            wall_clock.note("phase balance")
+            break
         loads = phase_loads(assignment, world)
         if step_ms(loads) <= loads.sum(axis=1).max() * (1 + MIN_GAIN):
             break  # the step is the busiest rank's: no phase waits for another rank
@@ -140,6 +144,8 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
     model.Minimize(sum(top))
     solver = solver_parameters(budget_s, deadline_s - time.monotonic(), seed)
     placed = None
-    if solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    status = solver.Solve(model)
+    wall_clock.note_cpsat(solver, "phase balance")
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         placed = [(t, i, next(r for r in ranks if solver.BooleanValue(x[j, r]))) for j, (t, i) in enumerate(items)]
     return placed, solver.deterministic_time

@@ -9,6 +9,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.search import wall_clock
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.search.cpsat import KIB, keep_apart, kib_up, solver_parameters, to_ticks
 from planner.spec.placement_rules import RankRules
@@ -41,7 +42,10 @@ def repair_placement(
     loads = RankLoads.of(assignment, world)
     spent, stale = 0.0, 0
     k = min(neighbourhood, world)
-    while spent < max_deterministic_s and time.monotonic() < wall_deadline_s and stale < 12:
+    while spent < max_deterministic_s and stale < 12:
+        if time.monotonic() >= wall_deadline_s:
+            wall_clock.note("repair")
+            break
         top = int(np.argmax(loads.ms))
         if loads.ms[top] <= target_ms:
             break
@@ -71,6 +75,7 @@ def repair_placement(
         model.Minimize(peak)
         solver = solver_parameters(min(0.5, max_deterministic_s - spent), wall_deadline_s - time.monotonic(), seed)
         status = solver.Solve(model)
+        wall_clock.note_cpsat(solver, "repair")
         spent += solver.deterministic_time
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             new_ms, new_bytes = dict(base_ms), {r: b.copy() for r, b in base_bytes.items()}

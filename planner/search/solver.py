@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from planner.search import wall_clock
 from planner.search.assignment import Assignment, RankLoads
 from planner.search.bounds import shard_limited_bound_ms
 from planner.search.cpsat import ClassModel, class_model_size, joint_model_size, solve_joint, to_ticks
@@ -192,8 +193,11 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
     high_ms = best_peak  # the least cap not refuted
     seeded: set[tuple[int, ...]] = set()
     for _ in range(config.pattern_checks):
-        if min(best_peak, high_ms) <= bound_ms * (1 + config.target_gap) or time.monotonic() >= deadline_s:
+        if min(best_peak, high_ms) <= bound_ms * (1 + config.target_gap):
             break  # the plan proven, or the LP's own optimum known to within what would not matter
+        if time.monotonic() >= deadline_s:
+            wall_clock.note("configuration LP")
+            break
         cap_ms = proof_cap_ms(best_peak, config)
         if not bound_ms < cap_ms < high_ms:
             cap_ms = (bound_ms + high_ms) / 2
@@ -231,7 +235,10 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     Returns (best, its peak, bound)."""
     world = model.cluster.world_size
     best_peak, spent, undecided_ms = _peak(best, world), 0.0, math.inf
-    while spent < budget_s - 1e-3 and time.monotonic() < deadline_s:
+    while spent < budget_s - 1e-3:
+        if time.monotonic() >= deadline_s:
+            wall_clock.note("class model probes")
+            break
         high = min(best_peak, undecided_ms)
         if high <= bound_ms * (1 + config.target_gap):
             break
@@ -306,7 +313,9 @@ def solve(
             if _peak(result.assignment, world) < best_peak:
                 best, best_peak = result.assignment, _peak(result.assignment, world)
             method = ("joint-optimal" if result.optimal else "joint") if method == "greedy" else method + "+joint"
-    if best_peak > max(target, bound * (1 + config.target_gap)) and deadline > time.monotonic():
+    if best_peak > max(target, bound * (1 + config.target_gap)) and deadline <= time.monotonic():
+        wall_clock.note("repair")
+    elif best_peak > max(target, bound * (1 + config.target_gap)):
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
             budget * 0.3, deadline, config.seed, config.repair_neighbourhood_ranks, rules,
