@@ -12,6 +12,7 @@ from planner.search.cpsat import to_ticks
 from planner.spec.errors import ConfigError
 from planner.search.greedy import choose_options, pack
 from planner.search.pattern_lp import PatternLP
+from planner.search import work
 from planner.search.solver import SolverConfig, _pattern_stage
 from planner.spec.placement_rules import RankRules
 from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
@@ -74,7 +75,7 @@ def test_the_pattern_stage_raises_the_bound_validly_and_never_worsens_the_plan(t
     bound = shard_limited_bound_ms(options, ranks)
     unit_ms = bound / 20_000
     best, best_peak, proven = _pattern_stage(PatternLP(options, ranks, unit_ms), options, problem.cluster, start, bound,
-                                             unit_ms, SolverConfig(), time.monotonic() + 60, RankRules())
+                                             unit_ms, SolverConfig(), time.monotonic() + 60, RankRules(), work.now() + work.budget(60))
     assert bound <= proven <= optimum * (1 + 1e-9)
     assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= peak(start, ranks)
 

@@ -118,8 +118,8 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     left out in turn (tables with no other option keep theirs, no new type comes in) and keep the
     re-solve with the shortest step, its barrier step plus that fixed cost, while that improves,
     within MAX_TYPE_RESOLVES and the time limit left (`deadline_s`: a re-solve starts only where its
-    whole share is left; 1,000 tables on 128 ranks ran 0.7 s past the limit with the last re-solve
-    squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
+    whole share is left, and where that stops one the plan records it; 1,000 tables on 128 ranks
+    ran 0.7 s past the limit with the last re-solve squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
     table row-wise beside five table-wise ones is better all row-wise than all table-wise where
     the hot table alone outweighs the rest (mix1 of benchmarks/costmodel_bench.py, by 4% in the
     model; tiny.yaml all data-parallel, 9% measured). The bound stays the first solve's: a valid
@@ -141,7 +141,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
             options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
             resolves += 1
             try:
-                tried.append(_solve(search, options, cluster, resolve, resolve.time_limit_s))
+                tried.append(_solve(search, options, cluster, resolve, deadline_s - time.monotonic()))  # its budget; the limit's ceiling
             except InfeasiblePlanError:
                 continue
         if not tried:

@@ -7,12 +7,11 @@ shards) most of the final quality: with many small items LPT is within a few per
 from __future__ import annotations
 
 import heapq
-import time
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from planner.search import wall_clock
+from planner.search import work
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.spec.errors import InfeasiblePlanError
 from planner.spec.placement_rules import Occupancy, RankRules
@@ -124,6 +123,7 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec, rules: Rank
     the least-loaded rank with memory for it that its rules admit.
     """
     world, local = cluster.world_size, cluster.ranks_per_node
+    work.tick(world + sum(len(o.shards) for o in chosen.values()))
     caps = rank_capacities(cluster)
     loads = RankLoads.empty(world)
     occupancy = Occupancy(rules)
@@ -265,6 +265,7 @@ def local_search(assignment: Assignment, cluster: ClusterSpec, rules: RankRules 
     moves = _FreeShardMoves(assignment, cluster, rules)
     loads, world = moves.loads, cluster.world_size
     for _ in range(max_rounds):
+        work.tick(world)  # the ranks sorted by load
         top = int(np.argmax(loads.ms))
         for dst in np.argsort(loads.ms, kind="stable")[: min(world, 16)]:
             dst = int(dst)
@@ -322,6 +323,7 @@ class _FreeShardMoves:
         gap = peak - loads.ms[dst]
         # a move helps when the shard is smaller than the gap; best is half the gap
         best, best_gain = None, 0.0
+        work.tick(1 + len(self.free_on[top]) * (1 + len(self.free_on[dst])))  # the moves and swaps it may weigh
         for item in self.free_on[top]:
             c = self.cost(item)
             gain = peak - max(peak - c, loads.ms[dst] + c)
@@ -350,21 +352,20 @@ def refine_by_splitting(
     cluster: ClusterSpec,
     deadline_s: float,
     rules: RankRules = RankRules(),
+    work_until: int | None = None,
 ) -> Assignment:
     """Split only where it pays: while a table on the busiest rank can move to an option with
     smaller shards (the cheapest such) and the re-packed plan gets better, do so.
 
     A uniform shard-size cap splits every table alike; this mixes whole tables and split ones,
     which is what balances a few heavy tables on many ranks at little extra work. Fewer ranks
-    at the peak counts as progress: one split rarely lowers the peak alone.
+    at the peak counts as progress: one split rarely lowers the peak alone. Stops at `work_until`
+    (planner.search.work), or at the wall-clock ceiling `deadline_s`.
     """
     best = local_search(pack(chosen, cluster, rules), cluster, rules)
     loads = RankLoads.of(best, cluster.world_size)
     best_score = _balance(loads.ms)[:2]
-    while True:
-        if time.monotonic() >= deadline_s:
-            wall_clock.note("splitting")
-            break
+    while not work.stop(work_until, deadline_s, "splitting"):
         top = int(np.argmax(loads.ms))
         on_top = sorted(
             {t for t, ranks in best.shard_ranks.items() if top in ranks},
@@ -386,8 +387,7 @@ def refine_by_splitting(
             ):
                 best, loads, best_score, improved = trial, trial_loads, trial_score, True
                 break
-            if time.monotonic() >= deadline_s:
-                wall_clock.note("splitting")
+            if work.stop(work_until, deadline_s, "splitting"):
                 break
         if not improved:
             break
@@ -400,6 +400,7 @@ def _repacked(choice: Mapping[str, ShardingOption], table: str, option: Sharding
     searched; None when it does not fit."""
     trial_choice = dict(choice)
     trial_choice[table] = option
+    work.tick(cluster.world_size)  # the trial's loads, summed again by its caller
     try:
         return local_search(pack(trial_choice, cluster, rules), cluster, rules)
     except InfeasiblePlanError:
@@ -421,6 +422,7 @@ def rechoose_options(
     deadline_s: float,
     rules: RankRules = RankRules(),
     target_ms: float = 0.0,
+    work_until: int | None = None,
 ) -> Assignment:
     """Hill climbing over options: one table at a time, each of its other options tried in a
     re-packed plan (pack, then local search), kept when the plan gets better by `_balance`;
@@ -430,7 +432,8 @@ def rechoose_options(
     whole, split and replicated tables unevenly, which is what balances heavy tables on few
     ranks (26 MLPerf multi-hot tables on 16 ranks: 6.9% above the bound -> 4.4%). Re-packing
     every table, not only the changed one, is what finds them: placing the changed table alone
-    on the others' loads stopped at 5.0%.
+    on the others' loads stopped at 5.0%. Stops at `work_until` (planner.search.work), or at the
+    wall-clock ceiling `deadline_s`.
     """
     world = cluster.world_size
     best = assignment
@@ -440,10 +443,7 @@ def rechoose_options(
         changed = False
         for table in sorted(best.choice):
             for option in options_by_table[table]:
-                if best_score[0] <= target_ms:
-                    return best
-                if time.monotonic() >= deadline_s:
-                    wall_clock.note("option hill climbing")
+                if best_score[0] <= target_ms or work.stop(work_until, deadline_s, "option hill climbing"):
                     return best
                 if option is best.choice[table] or option.max_shard_ms >= best_score[0]:
                     continue

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from planner.search import wall_clock
+from planner.search import wall_clock, work
 from planner.search.assignment import Assignment, RankLoads
 from planner.search.bounds import shard_limited_bound_ms
 from planner.search.cpsat import ClassModel, class_model_size, joint_model_size, solve_joint, to_ticks
@@ -25,6 +25,19 @@ from planner.spec.placement_rules import RankRules
 from planner.search.repair import repair_placement
 from planner.spec.specs import ClusterSpec
 from planner.spec.types import TIERS, ShardingOption
+
+
+# The greedy stages' work (planner.search.work), as shares of the time limit: the warm start's
+# caps, hill climbing over options after it, and the seeds the configuration LP rounds. The
+# CP-SAT stages count deterministic seconds (below, in solve); the wall clock only caps them all.
+# All of them together spend WORK_SHARE of the time limit's seconds: a deterministic second of
+# CP-SAT took up to 2 s of wall clock on a 2-core machine, and the limit stays a ceiling that a
+# busy machine (both cores taken by a training run) should not reach; at half, the planner
+# benchmark's Criteo workloads planned the same plans and bounds as with all of it.
+WORK_SHARE = 0.5
+WARM_START_SHARE = 0.4
+RECHOOSE_SHARE = 0.15
+PATTERN_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -101,20 +114,21 @@ def _fitted(
     cluster: ClusterSpec,
     deadline_s: float,
     rules: RankRules,
+    work_until: int,
 ) -> tuple[Assignment | InfeasiblePlanError, bool]:
     """`chosen` made to fit memory, then placed and refined. Swaps options until each tier's
     total fits (filling less of it on each retry), and splits the tables that still find no
     rank with room; the error of the last try if nothing fits. Also says whether memory was
     tight (`chosen` did not fit as it was)."""
     try:  # the fastest choice, when it fits as it is
-        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s, rules), False
+        return refine_by_splitting(options_by_table, chosen, cluster, deadline_s, rules, work_until), False
     except InfeasiblePlanError as e:
         error = e
     for fill in (0.95, 0.85, 0.7):
         fitted = fit_memory(chosen, options_by_table, cluster, fill)
         for _ in range(len(fitted)):
             try:
-                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s, rules), True
+                return refine_by_splitting(options_by_table, fitted, cluster, deadline_s, rules, work_until), True
             except InfeasiblePlanError as e:
                 error = e
                 if e.table is None or not split_stuck_table(fitted, options_by_table, e.table, cluster):
@@ -129,15 +143,20 @@ def warm_start(
     caps: Sequence[float],
     deadline_s: float,
     rules: RankRules = RankRules(),
+    work_until: int | None = None,
 ) -> Assignment:
     """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
     local search and splitting of the tables on the busiest rank, and of the smallest shards
-    everywhere. Each cap gets an equal share of the time."""
+    everywhere. Each cap gets an equal share of the work left before `work_until`
+    (planner.search.work; None: of the wall clock left before `deadline_s`)."""
     _check_total_memory(options_by_table, cluster)
     best, best_peak, first_error, tight = None, math.inf, None, False
+    if work_until is None:
+        work_until = work.now() + work.budget(max(0.0, deadline_s - time.monotonic()))
     for i, frac in enumerate(caps):
-        share = time.monotonic() + (deadline_s - time.monotonic()) / (len(caps) - i)
-        candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, share, rules)
+        share = work.now() + max(0, work_until - work.now()) // (len(caps) - i)
+        candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, deadline_s, rules,
+                                      share)
         tight = tight or squeezed
         if isinstance(candidate, InfeasiblePlanError):
             first_error = first_error or candidate
@@ -181,7 +200,7 @@ def proof_cap_ms(best_peak_ms: float, config: SolverConfig) -> float:
 
 def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec,
                    best: Assignment, bound_ms: float, unit_ms: float, config: SolverConfig, deadline_s: float,
-                   rules: RankRules) -> tuple[Assignment, float, float]:
+                   rules: RankRules, work_until: int) -> tuple[Assignment, float, float]:
     """Caps between the bound and the best plan put to the configuration LP (planner.search.pattern_lp):
     the proof of `config.proof_gap` for the best plan while that is undecided, else the midpoint.
     A refuted cap raises the bound; a fractional plan under one, rounded (each table's option of
@@ -210,10 +229,10 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
         choice = {t: options_by_table[t][max(w, key=w.get)] for t, w in (check.weights or {}).items()}
         if choice and tuple(map(id, choice.values())) not in seeded:  # a rounding already climbed from climbs the same way
             seeded.add(tuple(map(id, choice.values())))
-            seed, _ = _fitted(options_by_table, choice, cluster, deadline_s, rules)
+            seed, _ = _fitted(options_by_table, choice, cluster, deadline_s, rules, work.now() + max(0, work_until - work.now()) // 2)
             if not isinstance(seed, InfeasiblePlanError):
-                seed = rechoose_options(options_by_table, seed, cluster, time.monotonic() + (deadline_s - time.monotonic()) / 2,
-                                        rules, bound_ms * (1 + config.target_gap))
+                seed = rechoose_options(options_by_table, seed, cluster, deadline_s, rules, bound_ms * (1 + config.target_gap),
+                                        work.now() + max(0, work_until - work.now()) // 2)
                 peak = _peak(seed, world)
                 if peak < best_peak:
                     best, best_peak = seed, peak
@@ -230,9 +249,8 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     takes (26 MLPerf tables on 16 ranks: 6.36 ms in 0.06 s, 6.42 in 0.7 s, 6.45 in 4.7
     deterministic s), so small steps bank cheap proofs, where the midpoint spent the budget on
     one that ended undecided. An undecided probe caps the next ones below it, as its budget
-    would only be spent again there; each may take two thirds of the wall clock left, as the
-    last ones to climb need the most (the proof of `config.proof_gap` nine tenths).
-    Returns (best, its peak, bound)."""
+    would only be spent again there. Each stops on the deterministic budget left, the wall
+    clock only a ceiling. Returns (best, its peak, bound)."""
     world = model.cluster.world_size
     best_peak, spent, undecided_ms = _peak(best, world), 0.0, math.inf
     while spent < budget_s - 1e-3:
@@ -243,8 +261,7 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
         if high <= bound_ms * (1 + config.target_gap):
             break
         target = probe_target(bound_ms, high, best_peak, config)
-        share = 0.9 if target == proof_cap_ms(best_peak, config) else 2 / 3
-        result = model.solve(budget_s - spent, (deadline_s - time.monotonic()) * share, config.seed, config.target_gap, target, cuts=True)
+        result = model.solve(budget_s - spent, deadline_s - time.monotonic(), config.seed, config.target_gap, target, cuts=True)
         spent += result.deterministic_s
         if result.bound_ms is not None:
             bound_ms = max(bound_ms, result.bound_ms)
@@ -264,36 +281,37 @@ def solve(
     rules: RankRules = RankRules(),
 ) -> Solution:
     """Plan over costed options, each table's shards where `rules` admit them. CP-SAT's
-    budgets are deterministic time, fixed by `config.time_limit_s`, so the answer depends on
-    the input only; the wall-clock `deadline_s` (default: now + time_limit_s) is a safety net
-    for a slow machine."""
+    budgets are deterministic time and the greedy stages' counted work (planner.search.work),
+    both fixed by `config.time_limit_s`, so the answer depends on the input only, unless the
+    wall-clock `deadline_s` (default: now + time_limit_s), a ceiling for a slow or busy
+    machine, stops a stage first (planner.search.wall_clock records which)."""
     start = time.monotonic()
     deadline = deadline_s if deadline_s is not None else start + config.time_limit_s
-    budget = config.time_limit_s  # deterministic seconds, split between the stages below
+    budget = config.time_limit_s * WORK_SHARE  # deterministic seconds (and the greedy stages' work), split between the stages below
     world = cluster.world_size
     bound = shard_limited_bound_ms(options_by_table, world)
     unit_ms = max(bound, 1e-9) / 20_000  # 0.005% of the bound per integer tick
-    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, start + (deadline - start) * 0.4, rules)
+    best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, deadline, rules,
+                      work.now() + work.budget(WARM_START_SHARE * budget))
     target = bound * (1 + config.target_gap)
     if _peak(best, world) > target:
-        best = rechoose_options(options_by_table, best, cluster, start + (deadline - start) * 0.55, rules, target)
+        best = rechoose_options(options_by_table, best, cluster, deadline, rules, target, work.now() + work.budget(RECHOOSE_SHARE * budget))
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
     if best_peak > target and small:
-        # Half the wall clock left, at most: on 26 MLPerf tables on 32 ranks the LP's seeds and
-        # checks found the best plan, proved it within 2% and settled the LP's optimum to 0.07% in
-        # 3 s of a 2-core machine, where two fifths ended before the check that settled it
+        # The LP's checks (pattern_checks of pattern_rounds) and the seeds it rounds (PATTERN_SHARE
+        # of the work): on 26 MLPerf tables on 32 ranks the LP's seeds and checks found the best
+        # plan, proved it within 2% and settled the LP's optimum to 0.07% in 3 s of a 2-core machine
         best, best_peak, bound = _pattern_stage(PatternLP(options_by_table, world, unit_ms), options_by_table, cluster, best,
-                                                bound, unit_ms, config, time.monotonic() + (deadline - time.monotonic()) * 0.5, rules)
+                                                bound, unit_ms, config, deadline, rules, work.now() + work.budget(PATTERN_SHARE * budget))
         target = max(target, bound * (1 + config.target_gap))
     if best_peak > target and small:
-        # A quarter of the wall clock left, at most: where the optimisation stalls, probes under
-        # caps do better, and near the optimum one probe needs seconds (26 MLPerf tables on 16
-        # ranks: the proof of 2% took 1.9-2.4 s of a 2-core machine, and with a third here it
-        # ran out of wall clock in 1 run of 3; the plan the same).
+        # 0.3 of the deterministic budget: where the optimisation stalls, probes under caps do
+        # better (the rest of half the budget), and near the optimum one probe needs seconds (26
+        # MLPerf tables on 16 ranks: the proof of 2% took 1.9-2.4 s of a 2-core machine).
         class_model = ClassModel(options_by_table, cluster, best, unit_ms, bound, rules)
-        result = class_model.solve(budget * 0.3, (deadline - time.monotonic()) / 4, config.seed, config.target_gap)
+        result = class_model.solve(budget * 0.3, deadline - time.monotonic(), config.seed, config.target_gap)
         if result.bound_ms is not None:
             bound = max(bound, result.bound_ms)
         if result.assignment is not None:
