@@ -273,6 +273,15 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     return best, best_peak, bound_ms
 
 
+def _in_time(deadline_s: float, stage: str) -> bool:
+    """Whether `stage` may start: not once the ceiling is reached (building its model alone
+    takes seconds on large problems)."""
+    if time.monotonic() < deadline_s:
+        return True
+    wall_clock.note(stage)
+    return False
+
+
 def solve(
     options_by_table: Mapping[str, Sequence[ShardingOption]],
     cluster: ClusterSpec,
@@ -299,14 +308,14 @@ def solve(
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
-    if best_peak > target and small:
+    if best_peak > target and small and _in_time(deadline, "configuration LP"):
         # The LP's checks (pattern_checks of pattern_rounds) and the seeds it rounds (PATTERN_SHARE
         # of the work): on 26 MLPerf tables on 32 ranks the LP's seeds and checks found the best
         # plan, proved it within 2% and settled the LP's optimum to 0.07% in 3 s of a 2-core machine
         best, best_peak, bound = _pattern_stage(PatternLP(options_by_table, world, unit_ms), options_by_table, cluster, best,
                                                 bound, unit_ms, config, deadline, rules, work.now() + work.budget(PATTERN_SHARE * budget))
         target = max(target, bound * (1 + config.target_gap))
-    if best_peak > target and small:
+    if best_peak > target and small and _in_time(deadline, "class model"):
         # 0.3 of the deterministic budget: where the optimisation stalls, probes under caps do
         # better (the rest of half the budget), and near the optimum one probe needs seconds (26
         # MLPerf tables on 16 ranks: the proof of 2% took 1.9-2.4 s of a 2-core machine).
@@ -322,7 +331,8 @@ def solve(
             method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
             if method == "class":  # the probes return at once where the gap is closed
                 best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.5 - result.deterministic_s, deadline, config)
-    if not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans:
+    if (not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans
+            and _in_time(deadline, "joint model")):
         result = solve_joint(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules
         )
