@@ -129,12 +129,14 @@ def synthetic_tables(n, seed):
 
 
 def test_planning_is_deterministic():
-    problem = make_problem(synthetic_tables(40, 1), make_cluster(num_nodes=2, ranks_per_node=4), batch=2048)
-    a = make_plan(problem, config=SolverConfig(time_limit_s=3)).to_dict()
-    b = make_plan(problem, config=SolverConfig(time_limit_s=3)).to_dict()
+    """Where no stage reaches the wall clock (the plan would say so), the plan is a function of
+    the input: CP-SAT, the LP and the greedy stages all stop on counted work."""
+    problem = make_problem(synthetic_tables(20, 1), make_cluster(num_nodes=1, ranks_per_node=4), batch=2048)
+    a = make_plan(problem, config=SolverConfig(time_limit_s=4)).to_dict()
+    b = make_plan(problem, config=SolverConfig(time_limit_s=4)).to_dict()
     for d in (a, b):
         d["predicted"].pop("solve_seconds")
-    assert a == b
+    assert "wall clock" not in a["predicted"]["solver"] and a == b
 
 
 def test_a_plan_names_the_stages_the_wall_clock_stopped_and_only_those():
