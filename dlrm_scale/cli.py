@@ -46,7 +46,7 @@ def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="shard embedding tables over a cluster and write a plan JSON")
     p.add_argument("config", nargs="?", help="YAML config (tables, cluster, training)")
     options.add_all(p, "--tables", "--hardware", "--world-size", "--ranks-per-node", "--hbm-gb", "--batch-size", "--comm-precision",
-                    "--embedding-optimizer", "--device", "--time-limit", "--cost-model", "--stats")
+                    "--embedding-optimizer", "--device", "--time-limit", "--gap", "--cost-model", "--stats")
     options.add(p, "--out", required=True, more="the plan JSON")
     options.add_all(p, "--plot", "--compare", "--from", "--max-move-gb")
 
@@ -282,13 +282,15 @@ def run_plan(args: argparse.Namespace) -> int:
     check_output_file("--plot", args.plot)
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise ConfigError(f"--time-limit must be a positive number of seconds, got {args.time_limit}")
+    if not (math.isfinite(args.gap) and 0 <= args.gap < 1):
+        raise ConfigError(f"--gap takes a fraction of the lower bound in [0, 1), e.g. 0.01 for 1%; got {args.gap}")
     if args.max_move_gb is not None and (args.from_plan is None or not (math.isfinite(args.max_move_gb) and args.max_move_gb >= 0)):
         raise ConfigError("--max-move-gb takes a non-negative number of GiB, with --from OLD.json")
     old = Plan.load(args.from_plan) if args.from_plan else None
     if old is not None and args.compare:
         raise ConfigError("--compare plans from scratch; drop it or --from")
     problem = load_run_config(args.config, Overrides.from_args(args)).problem
-    solver = SolverConfig(time_limit_s=args.time_limit)
+    solver = SolverConfig(time_limit_s=args.time_limit, target_gap=args.gap)
     cost_model = None
     if args.cost_model == "torchrec":
         from dlrm_scale.bridge.torchrec_cost import TorchRecCostModel

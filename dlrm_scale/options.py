@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from dlrm_scale.run_config import CPU_EMBEDDINGS, INTERACTIONS, STORE_IO
+from planner.search.solver import SolverConfig
 from planner.spec.specs import OPTIMIZER_STATE
 
 HARDWARE_HELP = ("hardware profile: a name (configs/hardware, or one 'dlrm-scale calibrate --name' wrote) or a .yaml path "
@@ -33,6 +34,9 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--stats": dict(help=STATS_HELP),
     "--cost-model": dict(choices=["ours", "torchrec"], default="ours", help="who prices the options (default ours)"),
     "--time-limit": dict(type=float, default=10.0, help="the planner's time limit, seconds (default 10)"),
+    "--gap": dict(type=float, default=SolverConfig.target_gap,
+                  help=f"stop once the plan is proven within this fraction of its lower bound (default {SolverConfig.target_gap}, "
+                       "0.1%%; 0.01 for 1%%); --time-limit stays the ceiling"),
     "--seed": dict(type=int, help="seed of the tables' initial weights and of the synthetic data"),
     # data
     "--data": dict(choices=["synthetic", "criteo"], default="synthetic", help="where batches come from"),

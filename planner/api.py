@@ -65,7 +65,9 @@ def planning_problem(tables: Iterable[TableSpec], hardware: str = DEFAULT_HARDWA
     return problem_from_doc(config_document(tables, hardware, **settings), WHERE, Path.cwd(), stats_path=stats)
 
 
-def plan_tables(tables: Iterable[TableSpec], hardware: str = DEFAULT_HARDWARE, *, time_limit_s: float = 10.0, seed: int = 0,
-                **settings: Any) -> Plan:
-    """Plan `tables` (see `planning_problem` for the settings) within `time_limit_s` seconds."""
-    return make_plan(planning_problem(tables, hardware, **settings), config=SolverConfig(time_limit_s=time_limit_s, seed=seed))
+def plan_tables(tables: Iterable[TableSpec], hardware: str = DEFAULT_HARDWARE, *, time_limit_s: float = 10.0,
+                gap: float = SolverConfig.target_gap, seed: int = 0, **settings: Any) -> Plan:
+    """Plan `tables` (see `planning_problem` for the settings) within `time_limit_s` seconds,
+    stopping once the plan is proven within `gap` of its lower bound."""
+    return make_plan(planning_problem(tables, hardware, **settings),
+                     config=SolverConfig(time_limit_s=time_limit_s, target_gap=gap, seed=seed))

@@ -60,7 +60,7 @@ class EmbeddingShardingPlanner(ShardingPlanner):
     placement: the config's `constraints:` section (co-location, keep-apart, pins, per-rank
         reserves), as a dictionary.
     stats: access statistics of `dlrm-scale profile` (a stats.json path).
-    time_limit_s, seed: the search's.
+    time_limit_s, gap, seed: the search's (`dlrm-scale plan --time-limit --gap`).
     embedding_optimizer: where neither apply_optimizer_in_backward nor the sharders' fused
         params say it (it sizes the optimizer state).
     """
@@ -75,6 +75,7 @@ class EmbeddingShardingPlanner(ShardingPlanner):
         placement: Mapping[str, Any] | None = None,
         stats: str | Path | None = None,
         time_limit_s: float = 10.0,
+        gap: float = SolverConfig.target_gap,
         seed: int = 0,
         embedding_optimizer: str | None = None,
     ) -> None:
@@ -84,7 +85,7 @@ class EmbeddingShardingPlanner(ShardingPlanner):
         self.hardware = hardware
         self.placement = placement
         self.stats = stats
-        self.solver = SolverConfig(time_limit_s=time_limit_s, seed=seed)
+        self.solver = SolverConfig(time_limit_s=time_limit_s, target_gap=gap, seed=seed)
         self.embedding_optimizer = embedding_optimizer
         self.last_plan: Plan | None = None
         self.last_config: dict[str, Any] | None = None  # the config `dlrm-scale plan` makes last_plan from

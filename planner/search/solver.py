@@ -70,6 +70,8 @@ class SolverConfig:
             raise ConfigError("solver: repair_neighbourhood_ranks must be at least 2")
         if not self.probe_step > 0:
             raise ConfigError(f"solver: probe_step must be > 0, got {self.probe_step}")
+        if not 0 <= self.target_gap < 1:
+            raise ConfigError(f"solver: target_gap must be in [0, 1), got {self.target_gap}; try --gap 0.01")
         if not self.proof_gap >= 0:
             raise ConfigError(f"solver: proof_gap must be >= 0, got {self.proof_gap}")
         if self.pattern_checks < 0 or self.pattern_rounds < 0:
