@@ -16,7 +16,6 @@ the class model, so a cap of C ticks refuted bounds every plan at C + 1 ticks.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -146,8 +145,7 @@ class PatternLP:
                 return PatternCheck(False, None, rounds)  # converged just above W
             if rounds == max_rounds:
                 return PatternCheck(False, None, rounds)
-            if time.monotonic() >= deadline_s:
-                wall_clock.note("configuration LP")
+            if wall_clock.passed(deadline_s, "configuration LP"):
                 return PatternCheck(False, None, rounds)
             load = sum(self.ticks[c] * n for c, n in pattern.items())
             self.patterns.append((load, pattern))

@@ -65,8 +65,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     unit_ms = peak_ms / TICKS_PER_PEAK
     stale, spent_s = 0, 0.0
     while stale < STALE_ROUNDS and spent_s < budget_s:
-        if time.monotonic() >= deadline_s:
-            wall_clock.note("phase balance")
+        if wall_clock.passed(deadline_s, "phase balance"):
             break
         loads = phase_loads(assignment, world)
         if step_ms(loads) <= loads.sum(axis=1).max() * (1 + MIN_GAIN):

@@ -43,8 +43,7 @@ def repair_placement(
     spent, stale = 0.0, 0
     k = min(neighbourhood, world)
     while spent < max_deterministic_s and stale < 12:
-        if time.monotonic() >= wall_deadline_s:
-            wall_clock.note("repair")
+        if wall_clock.passed(wall_deadline_s, "repair"):
             break
         top = int(np.argmax(loads.ms))
         if loads.ms[top] <= target_ms:

@@ -144,17 +144,15 @@ def warm_start(
     bound_ms: float,
     caps: Sequence[float],
     deadline_s: float,
-    rules: RankRules = RankRules(),
-    work_until: int | None = None,
+    rules: RankRules,
+    work_until: int,
 ) -> Assignment:
     """Best over several shard-size caps of: greedy option choice (made to fit memory), LPT,
     local search and splitting of the tables on the busiest rank, and of the smallest shards
     everywhere. Each cap gets an equal share of the work left before `work_until`
-    (planner.search.work; None: of the wall clock left before `deadline_s`)."""
+    (planner.search.work); `deadline_s` is the wall-clock ceiling."""
     _check_total_memory(options_by_table, cluster)
     best, best_peak, first_error, tight = None, math.inf, None, False
-    if work_until is None:
-        work_until = work.now() + work.budget(max(0.0, deadline_s - time.monotonic()))
     for i, frac in enumerate(caps):
         share = work.now() + max(0, work_until - work.now()) // (len(caps) - i)
         candidate, squeezed = _fitted(options_by_table, choose_options(options_by_table, frac * bound_ms), cluster, deadline_s, rules,
@@ -216,8 +214,7 @@ def _pattern_stage(lp: PatternLP, options_by_table: Mapping[str, Sequence[Shardi
     for _ in range(config.pattern_checks):
         if min(best_peak, high_ms) <= bound_ms * (1 + config.target_gap):
             break  # the plan proven, or the LP's own optimum known to within what would not matter
-        if time.monotonic() >= deadline_s:
-            wall_clock.note("configuration LP")
+        if wall_clock.passed(deadline_s, "configuration LP"):
             break
         cap_ms = proof_cap_ms(best_peak, config)
         if not bound_ms < cap_ms < high_ms:
@@ -256,8 +253,7 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
     world = model.cluster.world_size
     best_peak, spent, undecided_ms = _peak(best, world), 0.0, math.inf
     while spent < budget_s - 1e-3:
-        if time.monotonic() >= deadline_s:
-            wall_clock.note("class model probes")
+        if wall_clock.passed(deadline_s, "class model probes"):
             break
         high = min(best_peak, undecided_ms)
         if high <= bound_ms * (1 + config.target_gap):
@@ -273,15 +269,6 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
         elif bound_ms < target:  # neither a plan under the target nor a proof that none exists
             undecided_ms = target
     return best, best_peak, bound_ms
-
-
-def _in_time(deadline_s: float, stage: str) -> bool:
-    """Whether `stage` may start: not once the ceiling is reached (building its model alone
-    takes seconds on large problems)."""
-    if time.monotonic() < deadline_s:
-        return True
-    wall_clock.note(stage)
-    return False
 
 
 def solve(
@@ -310,14 +297,14 @@ def solve(
     best_peak, method = _peak(best, world), "greedy"
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
-    if best_peak > target and small and _in_time(deadline, "configuration LP"):
+    if best_peak > target and small and not wall_clock.passed(deadline, "configuration LP"):
         # The LP's checks (pattern_checks of pattern_rounds) and the seeds it rounds (PATTERN_SHARE
         # of the work): on 26 MLPerf tables on 32 ranks the LP's seeds and checks found the best
         # plan, proved it within 2% and settled the LP's optimum to 0.07% in 3 s of a 2-core machine
         best, best_peak, bound = _pattern_stage(PatternLP(options_by_table, world, unit_ms), options_by_table, cluster, best,
                                                 bound, unit_ms, config, deadline, rules, work.now() + work.budget(PATTERN_SHARE * budget))
         target = max(target, bound * (1 + config.target_gap))
-    if best_peak > target and small and _in_time(deadline, "class model"):
+    if best_peak > target and small and not wall_clock.passed(deadline, "class model"):
         # 0.3 of the deterministic budget: where the optimisation stalls, probes under caps do
         # better (the rest of half the budget), and near the optimum one probe needs seconds (26
         # MLPerf tables on 16 ranks: the proof of 2% took 1.9-2.4 s of a 2-core machine).
@@ -334,7 +321,7 @@ def solve(
             if method == "class":  # the probes return at once where the gap is closed
                 best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.5 - result.deterministic_s, deadline, config)
     if (not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans
-            and _in_time(deadline, "joint model")):
+            and not wall_clock.passed(deadline, "joint model")):  # building its model alone takes seconds on large problems
         result = solve_joint(
             options_by_table, cluster, best, unit_ms, budget * 0.5, deadline - time.monotonic(), config.seed, bound, config.target_gap, rules
         )
@@ -343,9 +330,7 @@ def solve(
             if _peak(result.assignment, world) < best_peak:
                 best, best_peak = result.assignment, _peak(result.assignment, world)
             method = ("joint-optimal" if result.optimal else "joint") if method == "greedy" else method + "+joint"
-    if best_peak > max(target, bound * (1 + config.target_gap)) and deadline <= time.monotonic():
-        wall_clock.note("repair")
-    elif best_peak > max(target, bound * (1 + config.target_gap)):
+    if best_peak > max(target, bound * (1 + config.target_gap)):  # past the ceiling, repair notes itself and returns at once
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
             budget * 0.3, deadline, config.seed, config.repair_neighbourhood_ranks, rules,

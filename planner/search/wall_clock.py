@@ -14,6 +14,7 @@ make_plan call (`recorded`), and a stage outside one records nothing.
 from __future__ import annotations
 
 import contextlib
+import time
 from contextvars import ContextVar
 from typing import Iterator
 
@@ -25,6 +26,14 @@ def note(stage: str) -> None:
     stops = _stops.get()
     if stops is not None and stage not in stops:
         stops.append(stage)
+
+
+def passed(deadline_s: float, stage: str) -> bool:
+    """Whether the wall-clock ceiling `deadline_s` is reached, where `stage` would go on (noted when it is)."""
+    if time.monotonic() < deadline_s:
+        return False
+    note(stage)
+    return True
 
 
 def note_cpsat(solver, stage: str) -> None:

@@ -7,8 +7,6 @@ share of WORK_PER_S x time limit has been counted; the wall clock stays a ceilin
 
 from __future__ import annotations
 
-import time
-
 from planner.search import wall_clock
 
 # Ticks per second of the time limit: what the warm starts of the planner benchmark's workloads
@@ -37,9 +35,4 @@ def budget(seconds: float) -> int:
 def stop(work_until: int | None, deadline_s: float, stage: str) -> bool:
     """Whether `stage` stops here: its work spent (`work_until`, None: no budget of its own), or
     the wall-clock ceiling `deadline_s` reached first (recorded)."""
-    if work_until is not None and _ticks >= work_until:
-        return True
-    if time.monotonic() >= deadline_s:
-        wall_clock.note(stage)
-        return True
-    return False
+    return (work_until is not None and _ticks >= work_until) or wall_clock.passed(deadline_s, stage)
