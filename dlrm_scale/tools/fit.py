@@ -138,13 +138,18 @@ def design(run: MeasuredRun) -> RunDesign:
     return RunDesign(run, *_linear_parts(run.plan, run.run.problem, run.run.model, run.run.train.dense_optimizer))
 
 
+def _used(coefficients: np.ndarray, overlap_coefficients: np.ndarray) -> frozenset[str]:
+    """The constants with a coefficient anywhere in a design."""
+    used = (np.abs(coefficients).sum(axis=(0, 1)) + np.abs(overlap_coefficients).sum(axis=0)) > 0
+    return frozenset(name for name, u in zip(FITTED, used) if u)
+
+
 def exercised(plan: Plan, problem: PlanningProblem, model, dense_optimizer: str) -> frozenset[str]:
     """The fitted constants `plan`'s predicted step depends on: a run of it measures them, and a
     fit to runs that exercise none of them has nothing to set them by (they keep the starting
     profile's values, which a datasheet profile leaves at 0 for work its device does not do)."""
     _, coefficients, _, overlap_coefficients = _linear_parts(plan, problem, model, dense_optimizer)
-    used = (np.abs(coefficients).sum(axis=(0, 1)) + np.abs(overlap_coefficients).sum(axis=0)) > 0
-    return frozenset(name for name, u in zip(FITTED, used) if u)
+    return _used(coefficients, overlap_coefficients)
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -191,6 +196,7 @@ class Fit:
     values: dict[str, float]  # by FITTED name (bandwidths as reciprocals)
     runs: int
     residuals: dict[str, float]  # median |relative error| over the fitted runs: step, and each phase group
+    exercised: frozenset[str]  # the constants the runs measured (`exercised` by one of their plans); the rest kept their start
 
 
 def _solve(rows: Sequence[tuple[np.ndarray, float]], start: ClusterSpec) -> np.ndarray:
@@ -232,7 +238,8 @@ def fit_runs(runs: Sequence[MeasuredRun], start: ClusterSpec) -> Fit:
             linearised.append((c / predicted, np.log(target / predicted) + fitted / predicted))
         theta = _solve(linearised, start)
     values = dict(zip(FITTED, (float(x) for x in theta)))
-    return Fit(values, len(runs), residuals(runs, values))
+    measured = frozenset().union(*(_used(d.coefficients, d.overlap_coefficients) for d in designs))
+    return Fit(values, len(runs), residuals(runs, values), measured)
 
 
 def residuals(runs: Sequence[MeasuredRun], values: dict[str, float]) -> dict[str, float]:

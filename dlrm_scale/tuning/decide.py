@@ -129,8 +129,8 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     earlier = [r for r in earlier if r.plan.tables != measured.plan.tables]
     before = compare(measured)
     fitted_path = out_dir / FITTED_PROFILE
-    refit([measured, *earlier], profile, fitted_path,
-          header=f"# Fitted by `dlrm-scale train --retune` to its own steps under {1 + len(earlier)} layouts, from {profile}.\n")
+    _, fit = refit([measured, *earlier], profile, fitted_path,
+                   header=f"# Fitted by `dlrm-scale train --retune` to its own steps under {1 + len(earlier)} layouts, from {profile}.\n")
     refitted = load_run(out_dir, str(fitted_path))
     after = compare(refitted)
     run = refitted.run
@@ -139,11 +139,10 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     model_gib = model_bytes(measured.plan, optimizer) / GIB
     move_s = cost.seconds(model_gib)
     solver = SolverConfig(time_limit_s=time_limit_s)
-    known = frozenset().union(*(exercised(r.plan, r.run.problem, r.run.model, r.run.train.dense_optimizer) for r in [measured, *earlier]))
 
     def predicted(point: Replanned) -> Candidate:
         plan = point.plan
-        guess = not exercised(plan, run.problem, run.model, run.train.dense_optimizer) <= known
+        guess = not exercised(plan, run.problem, run.model, run.train.dense_optimizer) <= fit.exercised
         return Candidate(point, simulate(plan, run.problem, run.model, run.train.dense_optimizer).step_ms, guess=guess)
 
     def remeasured(r: MeasuredRun) -> Candidate:
