@@ -397,7 +397,7 @@ def preflight(args: argparse.Namespace, rest: list[str]) -> Path:
     for directory, what in ((job.run.checkpoint.directory, "checkpoint directory"),
                             (Path(trainer_args.store_dir) if trainer_args.store_dir else None, "store directory")):
         if directory is not None and directory.is_dir():
-            JobLock(directory, what).release()  # busy: say so now (the job itself holds it while it runs)
+            JobLock.check_free(directory, what)  # busy: say so now (the job itself holds it while it runs)
     return job.out_dir
 
 

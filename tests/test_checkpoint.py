@@ -154,6 +154,33 @@ def test_a_table_keeps_its_optimizer_state_moving_between_data_parallel_and_shar
         assert torch.equal(after[key], state), key
 
 
+def _row_states_under(rank, world, ckpt_dir, scheme, load):
+    trainer = make_trainer(rank, world, str(Path(ckpt_dir) / ("out2" if load else "out")), ckpt_dir, 2, False, uniform_plan(scheme, world))
+    if load:
+        trainer.checkpoints.restore(trainer.config.steps)
+    else:
+        trainer.run()
+    return row_states(trainer)
+
+
+@pytest.mark.parametrize("saved, loaded", [("column_wise", "table_wise"), ("table_wise", "column_wise"), ("column_wise", "row_wise")])
+def test_row_wise_adagrad_state_is_regrouped_into_and_out_of_column_shards(tmp_path, saved, loaded):
+    """FBGEMM keeps row-wise Adagrad's state per row and column shard (two shards of 8 columns
+    here, one after the other). Out of them, a row's state is their width-weighted mean; into
+    them, each shard starts from the row's. No table's state starts afresh."""
+    before = run_on_ranks(_row_states_under, 2, str(tmp_path), saved, False)
+    after = run_on_ranks(_row_states_under, 2, str(tmp_path), loaded, True)
+    assert set(after) == set(before)
+    for key, state in before.items():
+        rows = problem().tables_by_name[key.removesuffix(".momentum1")].num_embeddings
+        assert state.any(), key
+        if saved == "column_wise":
+            assert state.shape == (2 * rows,)
+            torch.testing.assert_close(after[key], (state[:rows] + state[rows:]) / 2, rtol=1e-6, atol=0)
+        else:
+            assert torch.equal(after[key], state.repeat(2)), key
+
+
 def test_partial_and_damaged_checkpoints(tmp_path):
     run_on_ranks(_train, 2, str(tmp_path / "o"), str(tmp_path / "ck"), 4, False, 2)
     ck = tmp_path / "ck"

@@ -183,6 +183,6 @@ def test_quantized_comms_cut_measured_bytes_and_keep_the_loss(tmp_path, fwd, bwd
     run_on_ranks(_train_sharded, 2, str(quant), fwd, bwd, False, 4)
     b = [m for m in metrics(base) if "comm_bytes" in m]
     q = [m for m in metrics(quant) if "comm_bytes" in m]
-    assert all(m["comm_bytes"] > 0 for m in b)
-    assert all(mq["comm_bytes"] <= max_ratio * mb["comm_bytes"] for mb, mq in zip(b, q))
+    assert all(min(m["comm_bytes"]) > 0 for m in b)
+    assert all(cq <= max_ratio * cb for mb, mq in zip(b, q) for cb, cq in zip(mb["comm_bytes"], mq["comm_bytes"]))
     assert [m["loss"] for m in q] == pytest.approx([m["loss"] for m in b], abs=2e-3)

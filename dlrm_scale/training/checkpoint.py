@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -38,11 +39,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint._traverse import get_element, set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 
 from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, CheckpointError, complete_checkpoints, step_dir
+from dlrm_scale.training.table_optimizer import STATE_SUFFIX
+from planner.plan.document import Plan
+from planner.spec.types import ShardingType
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception
@@ -62,17 +68,17 @@ class JobLock:
     """An exclusive lock on a checkpoint (or store) directory for this job's life. The kernel
     drops it when the process dies, however it dies, so a crashed job never blocks the next."""
 
+    PROBE_GRACE_S = 2.0  # how long a probe (`check_free`, a launcher's preflight) can hold it
+
     def __init__(self, directory: Path, what: str = "checkpoint directory") -> None:
         directory.mkdir(parents=True, exist_ok=True)
         self._file = open(directory / LOCK, "a+")
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._file.seek(0)
-            holder = self._file.read().strip() or "unknown"
-            self._file.close()
-            raise CheckpointError(f"{what} {directory} is in use by another job (pid {holder}); "
-                                  f"wait for it to end or choose another directory") from None
+        give_up = time.monotonic() + self.PROBE_GRACE_S
+        while not _locked(self._file, fcntl.LOCK_EX):
+            if time.monotonic() > give_up:
+                self._file.close()
+                raise _in_use(directory, what)
+            time.sleep(0.05)
         self._file.seek(0)
         self._file.truncate()
         self._file.write(str(os.getpid()))
@@ -80,10 +86,34 @@ class JobLock:
         for stale in directory.glob(f".{PREFIX}*.tmp"):  # saves a dead job left behind: ours to remove now
             shutil.rmtree(stale, ignore_errors=True)
 
+    @staticmethod
+    def check_free(directory: Path, what: str = "checkpoint directory") -> None:
+        """One line if a job holds `directory` now. A shared lock, taken and dropped at once: the
+        launchers of a multi-node job probe one shared directory together, and none of them
+        may look like a job to the others."""
+        if not (directory / LOCK).exists():
+            return
+        with open(directory / LOCK, "a+") as f:
+            if not _locked(f, fcntl.LOCK_SH):
+                raise _in_use(directory, what)
+
     def release(self) -> None:
         if not self._file.closed:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
+
+
+def _locked(f, mode: int) -> bool:
+    try:
+        fcntl.flock(f, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def _in_use(directory: Path, what: str) -> CheckpointError:
+    holder = (directory / LOCK).read_text().strip() or "unknown"
+    return CheckpointError(f"{what} {directory} is in use by another job (pid {holder}); wait for it to end or choose another directory")
 
 
 # ---- integrity ---------------------------------------------------------------------------------
@@ -369,14 +399,14 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(e).__name__
 
 
-def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
+def load(path: Path, model: torch.nn.Module, optimizer, plan: Plan | None = None) -> dict:
     """Load model and optimizer state (resharding as needed) and, on the same world size, each
     rank's RNG state. Returns the checkpoint's meta (its step among others). The caller has
-    verified the checkpoint.
+    verified the checkpoint; `plan` is the one the job runs under.
 
-    Tables always reshard. Optimizer state reshards too, except where the layouts keep
-    different state: row-wise Adagrad keeps one value per row and column shard, so moving a
-    table into or out of column-wise sharding restarts its optimizer state (with a warning).
+    Tables and optimizer state always reshard. Row-wise Adagrad keeps one value per row and
+    column shard (FBGEMM's kernel, under column-wise schemes), so where a table's column split
+    differs from the checkpoint's, its state is regrouped (`regroup_row_state`).
     """
     meta = read_meta(path)
     model_state = {"model": model.state_dict()}
@@ -388,14 +418,71 @@ def load(path: Path, model: torch.nn.Module, optimizer) -> dict:
         raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({first_line(e)}); it is corrupted or for another model") from None
     model.load_state_dict(model_state["model"])
     optim_state = {"optimizer": optimizer.state_dict()}
+    saved_plan = meta.get("plan")
+    regrouped = _stand_in_for_regrouped(optim_state, Plan.from_dict(saved_plan, "the checkpoint's plan"), plan) \
+        if plan is not None and isinstance(saved_plan, dict) else {}
     try:
         dcp_load(optim_state, path)
     except LOAD_ERRORS as e:
         if dist.get_rank() == 0:
             log.warning("optimizer state of %s does not map onto this plan (%s); it starts fresh", path, first_line(e))
     else:
+        for where, (current, saved_cols, cols) in regrouped.items():
+            stand_in = get_element(optim_state, where)
+            set_element(optim_state, where, fill_row_state(current, regroup_row_state(stand_in, saved_cols, cols)))
         optimizer.load_state_dict(optim_state["optimizer"])
     rank_file = path / f"rank{dist.get_rank()}.pt"
     if meta.get("world_size") == dist.get_world_size() and rank_file.exists():
         torch.set_rng_state(torch.load(rank_file, weights_only=True)["torch_rng"])
     return meta
+
+
+def state_columns(plan: Plan, table: str) -> tuple[int, ...]:
+    """The column widths a table's row-wise optimizer state is kept per: its column shards',
+    left to right, under a column-wise scheme (FBGEMM's state is per shard); its width otherwise."""
+    t = plan.tables[table]
+    if t.sharding_type in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
+        return tuple(s.cols for s in sorted(t.shards, key=lambda s: s.col_offset))
+    return (t.embedding_dim,)
+
+
+def _stand_in_for_regrouped(optim_state: dict, saved: Plan, current: Plan) -> dict:
+    """Put a plain tensor of the checkpoint's shape (the whole state, read on every rank) where a
+    table's row-wise state was split otherwise when saved; {path in the state: (the current
+    state, the saved split, the current split)}."""
+    flat, paths = flatten_state_dict(optim_state)
+    out = {}
+    for fqn, value in flat.items():
+        leaf = paths[fqn][-1]
+        table = leaf.removesuffix(STATE_SUFFIX) if isinstance(leaf, str) and leaf.endswith(STATE_SUFFIX) else None
+        if not (table in current.tables and table in saved.tables and isinstance(value, torch.Tensor) and value.dim() == 1):
+            continue  # not a row-wise state (Adagrad's is per weight, SGD has none)
+        saved_cols, cols = state_columns(saved, table), state_columns(current, table)
+        if saved_cols != cols:
+            out[paths[fqn]] = (value, saved_cols, cols)
+            set_element(optim_state, paths[fqn], torch.empty(len(saved_cols) * current.tables[table].num_embeddings, dtype=value.dtype))
+    return out
+
+
+def regroup_row_state(saved: torch.Tensor, saved_cols: tuple[int, ...], cols: tuple[int, ...]) -> torch.Tensor:
+    """Row-wise Adagrad's state, kept per row and column shard (`saved_cols` wide, shard after
+    shard), for the column shards `cols`. The state is a running sum of each step's mean squared
+    gradient over the shard's columns, so the whole row's is the width-weighted mean of its
+    shards': exact out of a column split. Each new shard gets the whole row's: into a column
+    split, the shards' own sums were never kept, and they start from the row's."""
+    per_shard = saved.view(len(saved_cols), -1)
+    widths = torch.tensor(saved_cols, dtype=saved.dtype)
+    whole = (per_shard * widths[:, None]).sum(0) / widths.sum()
+    return whole.repeat(len(cols))
+
+
+def fill_row_state(current, values: torch.Tensor):
+    """`current` (a ShardedTensor, or a replica's tensor) with each of its local pieces taken
+    from `values` at the piece's offset."""
+    if isinstance(current, ShardedTensor):
+        for shard in current.local_shards():
+            offset = shard.metadata.shard_offsets[0]
+            shard.tensor.copy_(values[offset:offset + shard.tensor.numel()])
+    else:
+        current.copy_(values)
+    return current

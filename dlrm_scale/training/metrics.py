@@ -62,29 +62,35 @@ class WindowReport:
         self.timer, self.meter, self.rank, self.world = timer, meter, rank, world
         self.samples_per_step = training.batch_size_per_rank * world
         b, fwd, bwd = training.batch_size_per_rank, training.fwd_comm_precision, training.bwd_comm_precision
-        self.predicted_bytes = int(embedding_comm_bytes(plan, b, fwd, bwd)[rank])
-        self.predicted_bytes_fp32 = int(embedding_comm_bytes(plan, b, "fp32", "fp32")[rank])
+        self.predicted = embedding_comm_bytes(plan, b, fwd, bwd)
+        self.predicted_fp32 = embedding_comm_bytes(plan, b, "fp32", "fp32")
         self.samples_per_s = 0.0
 
     def record(self, step: int, losses: torch.Tensor) -> dict:
         n = len(losses)
         phases = self.timer.take()
-        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES)], dtype=torch.float64)
+        sent = [b / n for b in self.meter.reset()]  # embeddings, of them to other nodes, ids: bytes per step
+        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent], dtype=torch.float64)
         gathered = [torch.empty_like(stats) for _ in range(self.world)]
         with self.meter.paused():  # bookkeeping, not the embeddings' traffic
             dist.all_gather(gathered, stats, group=host_group())
         per_rank = torch.stack(gathered)
-        step_ms = float(per_rank[:, 1:].sum(dim=1).max())
+        step_ms = float(per_rank[:, 1:1 + len(PHASES)].sum(dim=1).max())
         memory = torch.tensor(resident_bytes(), dtype=torch.int64)
         dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
-        emb_bytes, id_bytes = self.meter.reset()
+        emb, across, ids = (per_rank[:, 1 + len(PHASES) + i] for i in range(3))
+
+        def ints(values) -> list[int]:
+            return [int(v) for v in values]
+
         return {
             "step": step, "loss": float(per_rank[:, 0].mean()), "samples_per_s": self.samples_per_s,
-            # measured on this rank, per step: embeddings and their gradients, and ids
-            "comm_bytes": emb_bytes // n, "id_bytes": id_bytes // n,
-            # the plan's count (planner.views.comm_volume), at this precision and at fp32
-            "comm_bytes_predicted": self.predicted_bytes, "comm_bytes_fp32_predicted": self.predicted_bytes_fp32,
+            # per step, sent by each rank (index = rank): embeddings and their gradients, those of them
+            # that went to other nodes, and ids; then the plan's count (planner.views.comm_volume)
+            "comm_bytes": ints(emb), "comm_bytes_across_nodes": ints(across), "id_bytes": ints(ids),
+            "comm_bytes_predicted": ints(self.predicted.total), "comm_bytes_across_nodes_predicted": ints(self.predicted.across_nodes),
+            "comm_bytes_fp32_predicted": ints(self.predicted_fp32.total),
             # the largest rank's resident memory now, and its anonymous part
             "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
             "step_ms": step_ms,

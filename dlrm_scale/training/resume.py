@@ -63,7 +63,7 @@ class Checkpoints:
                                        f"nothing was resumed: restore the directory or start afresh without --resume")
         if step > steps:
             raise ckpt.CheckpointError(f"checkpoint {path} is at step {step}, past --steps {steps}; raise --steps to train on")
-        meta = ckpt.load(path, self.model, self.optimizer)
+        meta = ckpt.load(path, self.model, self.optimizer, self.plan)
         if self.tiered is not None:
             self.tiered.load(path)
         self._say(f"resumed from {path} (step {meta['step']}){self._moved(meta)}")

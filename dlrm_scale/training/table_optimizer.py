@@ -34,9 +34,12 @@ def fused_optimizer(name: str, lr: float) -> tuple[type, dict[str, Any]]:
     return FUSED[name], ({"lr": lr} if name == "sgd" else {"lr": lr, "eps": EPS})
 
 
+STATE_SUFFIX = ".momentum1"
+
+
 def state_key(table: str) -> str:
     """FBGEMM's name for a table's optimizer state (the fused optimizer's state_dict)."""
-    return f"{table}.momentum1"
+    return f"{table}{STATE_SUFFIX}"
 
 
 class ReplicatedTables(KeyedOptimizer):

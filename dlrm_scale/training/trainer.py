@@ -45,7 +45,7 @@ class Trainer:
         self.model, self.timer, self.tiered, self.optimizer = parts.model, parts.timer, parts.tiered, parts.optimizer
         self.data, self.eval_data, self.cpu_kernel = parts.data, parts.eval_data, parts.cpu_kernel
         self.lr_schedule = LRSchedule(self.optimizer, train)
-        self.meter = CommMeter()
+        self.meter = CommMeter(run.problem.cluster.ranks_per_node)
         self.metrics = MetricsLog(out_dir, rank)
         self.run_record = run_document(run)
         self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
