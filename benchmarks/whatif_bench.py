@@ -1,5 +1,7 @@
 """Scale-out what-ifs on a ZionEX-like cluster (nodes of 8 A100, NVLink inside, 200 Gb/s RDMA
-per GPU) for a trillion-parameter-class model: how the busiest rank's step time and memory
+per GPU).
+
+Part "1d": a trillion-parameter-class model: how the busiest rank's step time and memory
 per rank move with the number of ranks (8 to 1,024) and the communication precision.
 
 The model: 8 tables of 10^9 rows and 400 more with log-normal rows (median 2M, capped at
@@ -7,9 +9,15 @@ The model: 8 tables of 10^9 rows and 400 more with log-normal rows (median 2M, c
 1.3 trillion parameters, too large for HBM below a few hundred ranks: there the planner keeps
 the largest tables' rows in DDR or on SSD behind HBM caches, and says how many.
 
-    python -m benchmarks.whatif_bench
+Part "2d": Criteo-1TB- and DCNv2-sized models (MLPerf DLRM's 26 tables; MLPerf DLRM-DCNv2's 26
+multi-hot tables) at 512, 1,024 and 4,096 ranks, 512 samples a rank: the best 1D plan against
+the best 2D plan (planner/plan/replication.py: tables sharded over groups of G ranks, replicas
+averaged every 10 steps), for a per-peer collective latency of 0, 1 and 5 us (the profile's
+collective_peer_us is not measured: the what-if says at which latency 2D pays).
 
-Writes benchmarks/results/whatif.json and prints a Markdown table.
+    python -m benchmarks.whatif_bench [--part 1d|2d]
+
+Writes benchmarks/results/whatif.json (1d) or whatif_2d.json (2d) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import numpy as np
 from dlrm_scale.run_config import load_problem
 from planner.spec.errors import InfeasiblePlanError
 from planner.plan.planning import make_plan
+from planner.plan.replication import group_sizes, plan_replicated, predicted_step_ms, synced_bytes
+from planner.views.comm_volume import embedding_comm_bytes
 from planner.search.solver import SolverConfig
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import TableSpec, TrainingSpec
@@ -47,7 +57,12 @@ def trillion_tables(seed: int = 0) -> list[TableSpec]:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("1d", "2d"), default="1d")
+    return two_d() if ap.parse_args().part == "2d" else one_d()
+
+
+def one_d() -> int:
     tables = trillion_tables()
     params = sum(t.num_parameters for t in tables)
     rows = []
@@ -85,6 +100,68 @@ def main() -> int:
             cached = r["cached_tables"]
             print(f"| {r['ranks']} | {r['precision']} | {r['max_rank_ms']:.2f} | {r['comms_ms']:.2f} | {r['max_hbm_gib']:.1f} | "
                   f"{cached['fused_uvm_caching']} / {cached['key_value']} | {r['samples_per_s']:,.0f} | {r['plan_s']:.1f} |")
+    return 0
+
+
+TWO_D_WORLDS = (512, 1024, 4096)
+TWO_D_BATCH_PER_RANK = 512
+PEER_US = (0.0, 1.0, 5.0)
+SYNC_EVERY = 10
+PLAN_SECONDS = 10.0
+
+
+def two_d_models() -> dict[str, tuple[TableSpec, ...]]:
+    from benchmarks.workloads import MLPERF_MULTIHOT_ROWS, MLPERF_MULTIHOT_SIZES
+
+    criteo = load_problem("configs/criteo_terabyte.yaml").tables
+    dcnv2 = tuple(TableSpec(f"cat_{i}", rows, 128, float(hot)) for i, (rows, hot) in enumerate(zip(MLPERF_MULTIHOT_ROWS, MLPERF_MULTIHOT_SIZES)))
+    return {"criteo_1tb": criteo, "dcnv2": dcnv2}
+
+
+def plan_summary(plan, problem: PlanningProblem) -> dict:
+    """What a plan costs a rank: its predicted step (the sync's share included), memory, and bytes
+    sent a step (the embeddings' collectives, and the sync's share)."""
+    t = problem.training
+    sent = float(embedding_comm_bytes(plan, t.batch_size_per_rank, t.fwd_comm_precision, t.bwd_comm_precision).total.max())
+    memory = max(r.memory.hbm_bytes + r.memory.ddr_bytes for r in plan.ranks)
+    rep = plan.replication
+    row = {"step_ms": predicted_step_ms(plan), "embedding_step_ms": plan.step[0], "memory_gib_per_rank": memory / 2**30,
+           "a2a_mb_per_step": sent / 1e6, "group_size": plan.world_size}
+    if rep is not None:
+        ring = 2 * (rep.replicas - 1) / rep.replicas  # of its buffer a rank sends in a ring all-reduce
+        row.update(sync_ms=rep.sync_ms, sync_ms_per_step=rep.sync_ms_per_step,
+                   sync_mb_per_step=ring * synced_bytes(plan, t.embedding_optimizer) / 1e6 / rep.sync_every_steps)
+    return row
+
+
+def two_d() -> int:
+    rows = []
+    for model, tables in two_d_models().items():
+        for world in TWO_D_WORLDS:
+            base = load_problem("configs/tiny.yaml", hardware="a100_zionex", cluster_overrides={"world_size": world})
+            for peer in PEER_US:
+                problem = PlanningProblem(tuple(tables), base.cluster.with_costs(collective_peer_us=peer),
+                                          TrainingSpec(TWO_D_BATCH_PER_RANK, "rowwise_adagrad"))
+                row = {"model": model, "ranks": world, "peer_us": peer}
+                start = time.perf_counter()
+                one = make_plan(problem, config=SolverConfig(time_limit_s=PLAN_SECONDS))
+                smaller = [g for g in group_sizes(problem.cluster) if g < world]
+                two = plan_replicated(problem, SYNC_EVERY, smaller, SolverConfig(time_limit_s=PLAN_SECONDS))
+                row["plan_s"] = time.perf_counter() - start
+                row["1d"], row["2d"] = plan_summary(one, problem), plan_summary(two, problem)
+                row["picked"] = "2d" if row["2d"]["step_ms"] < row["1d"]["step_ms"] else "1d"
+                rows.append(row)
+                print(json.dumps(row)[:300], flush=True)
+    out = ROOT / "benchmarks" / "results" / "whatif_2d.json"
+    write_result(out, {"batch_per_rank": TWO_D_BATCH_PER_RANK, "sync_every_steps": SYNC_EVERY, "hardware": "a100_zionex",
+                       "plan_seconds": PLAN_SECONDS, "results": rows})
+    print("| model | ranks | peer us | 1D step ms | 2D: G | 2D step ms (sync/step) | memory GiB/rank 1D / 2D | a2a MB/step 1D / 2D (+sync) | picked |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        a, b = r["1d"], r["2d"]
+        print(f"| {r['model']} | {r['ranks']} | {r['peer_us']:g} | {a['step_ms']:.3f} | {b['group_size']} | {b['step_ms']:.3f} "
+              f"({b.get('sync_ms_per_step', 0):.3f}) | {a['memory_gib_per_rank']:.1f} / {b['memory_gib_per_rank']:.1f} | "
+              f"{a['a2a_mb_per_step']:.2f} / {b['a2a_mb_per_step']:.2f} (+{b.get('sync_mb_per_step', 0):.1f}) | {r['picked']} |")
     return 0
 
 

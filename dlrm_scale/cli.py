@@ -21,6 +21,7 @@ from dlrm_scale.run_config import Overrides, load_run_config
 from planner.spec.errors import ConfigError, PlannerBugError, PlannerError
 from planner.plan.document import Plan
 from planner.plan.planning import make_plan
+from planner.plan.replication import check_group_size, check_sync_every, plan_replicated
 from planner.views.report import format_plan, plot_plan
 from planner.search.solver import SolverConfig
 
@@ -46,7 +47,8 @@ def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="shard embedding tables over a cluster and write a plan JSON")
     p.add_argument("config", nargs="?", help="YAML config (tables, cluster, training)")
     options.add_all(p, "--tables", "--hardware", "--world-size", "--ranks-per-node", "--hbm-gb", "--batch-size", "--comm-precision",
-                    "--embedding-optimizer", "--device", "--time-limit", "--gap", "--cost-model", "--stats")
+                    "--embedding-optimizer", "--device", "--time-limit", "--gap", "--cost-model", "--stats", "--sync-every",
+                    "--group-size")
     options.add(p, "--out", required=True, more="the plan JSON")
     options.add_all(p, "--plot", "--compare", "--from", "--max-move-gb")
 
@@ -289,7 +291,16 @@ def run_plan(args: argparse.Namespace) -> int:
     old = Plan.load(args.from_plan) if args.from_plan else None
     if old is not None and args.compare:
         raise ConfigError("--compare plans from scratch; drop it or --from")
+    two_d = args.sync_every is not None or args.group_size is not None
+    if two_d:
+        if args.sync_every is None:
+            raise ConfigError("--group-size shards over groups replicated and averaged every N steps: give --sync-every N too")
+        check_sync_every(args.sync_every)
+        if old is not None or args.compare or args.cost_model != "ours":
+            raise ConfigError("--sync-every plans 2D with our cost model from scratch; drop --from, --compare and --cost-model torchrec")
     problem = load_run_config(args.config, Overrides.from_args(args)).problem
+    if args.group_size is not None:
+        check_group_size(problem.cluster, args.group_size)
     solver = SolverConfig(time_limit_s=args.time_limit, target_gap=args.gap)
     cost_model = None
     if args.cost_model == "torchrec":
@@ -299,6 +310,8 @@ def run_plan(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if old is not None:
         plan = replan_from(problem, old, cost_model, solver, args.max_move_gb, Path(args.out))
+    elif two_d:
+        plan = plan_replicated(problem, args.sync_every, None if args.group_size is None else [args.group_size], solver)
     else:
         plan = make_plan(problem, cost_model, solver)
     seconds = time.perf_counter() - start

@@ -37,6 +37,10 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--gap": dict(type=float, default=SolverConfig.target_gap,
                   help=f"stop once the plan is proven within this fraction of its lower bound (default {SolverConfig.target_gap}, "
                        "0.1%%; 0.01 for 1%%); --time-limit stays the ceiling"),
+    "--sync-every": dict(type=int, help="2D sparse parallelism: also consider sharding the tables over groups of fewer ranks, "
+                                        "the groups replicated and averaged every N steps (DMPCollection); the fastest predicted "
+                                        "step wins. Between syncs each replica trains on its own samples: the model differs from 1D"),
+    "--group-size": dict(type=int, help="with --sync-every: shard over groups of exactly G ranks (G divides the world size)"),
     "--seed": dict(type=int, help="seed of the tables' initial weights and of the synthetic data"),
     # data
     "--data": dict(choices=["synthetic", "criteo"], default="synthetic", help="where batches come from"),

@@ -12,6 +12,7 @@ from dlrm_scale.training.checkpoint import read_meta
 from dlrm_scale.training.checkpoint_layout import candidates
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
+from dlrm_scale.training.flags import check_given_plan
 from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config
 from planner.spec.config import load_tables_csv, section_dataclass
 from planner.spec.errors import PlannerError
@@ -279,6 +280,21 @@ CASES = [
      "--data-path {t}/days does not exist; check the path"),
     ("missing plan file", lambda t: trainer_flags(t, "--plan", str(t / "p.json")),
      "plan file {t}/p.json does not exist; create one with 'dlrm-scale plan --out {t}/p.json'"),
+    ("2D replicas never averaged", lambda t: plan_cli(t, "--world-size", "8", "--sync-every", "0", "--out", str(t / "p.json")),
+     "--sync-every must be a whole number of steps >= 1 (replicas are averaged that often), got 0"),
+    ("2D group not dividing the world", lambda t: plan_cli(t, "--world-size", "8", "--sync-every", "10", "--group-size", "3",
+                                                           "--out", str(t / "p.json")),
+     "--group-size 3 must divide the world size 8; use one of 8, 4, 2, 1"),
+    ("2D groups without a sync", lambda t: plan_cli(t, "--world-size", "8", "--group-size", "4", "--out", str(t / "p.json")),
+     "--group-size shards over groups replicated and averaged every N steps: give --sync-every N too"),
+    ("2D replica groups across part of a node", lambda t: plan_cli(t, "--world-size", "24", "--ranks-per-node", "8", "--sync-every", "10",
+                                                                   "--group-size", "8", "--out", str(t / "p.json")),
+     "--group-size 8 makes replica groups of 3 ranks, which neither divide a node's 8 ranks nor span whole nodes; use one of 24, 12, 6, 3, 1"),
+    ("2D plan given to a 1D job", lambda t: (plan_cli(t, "--world-size", "4", "--sync-every", "10", "--group-size", "2", "--out",
+                                                      str(t / "p.json")),
+                                             check_given_plan(Plan.load(t / "p.json"), trainer_flags(t, "--plan", str(t / "p.json")), None)),
+     "plan {t}/p.json is 2D (tables sharded over groups of 2 ranks, 2 replicas averaged every 10 steps); dlrm-scale train shards "
+     "over every rank: re-plan without --sync-every, or run it with TorchRec's DMPCollection (GPUs only) in your own code"),
     ("zero nodes", lambda t: node_count("0"), "--nnodes '0' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
     ("nodes not a number", lambda t: node_count("two"), "--nnodes 'two' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
     ("elastic range upside down", lambda t: node_count("4:2"), "--nnodes '4:2' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),

@@ -30,7 +30,7 @@ LAYERS = [
     ("dlrm_scale.cli", "dlrm_scale.train"),
 ]
 TORCH_FREE = ["planner", "planner.plan.planning", "planner.views.report", "planner.views.scoring", "planner.views.comm_volume",
-              "planner.views.explain", "planner.views.diff", "planner.replan.replan", "dlrm_scale.run_config", "dlrm_scale.options", "dlrm_scale.run_record", "dlrm_scale.training.flags", "dlrm_scale.tools.simulate",
+              "planner.views.explain", "planner.views.diff", "planner.replan.replan", "planner.plan.replication", "dlrm_scale.run_config", "dlrm_scale.options", "dlrm_scale.run_record", "dlrm_scale.training.flags", "dlrm_scale.tools.simulate",
               "dlrm_scale.tools.fit", "dlrm_scale.tools.runs", "dlrm_scale.tools.refit", "dlrm_scale.tuning.decide"]
 TORCH = ("torch", "torchrec", "fbgemm_gpu")
 

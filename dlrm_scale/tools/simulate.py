@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 
 from dlrm_scale.run_config import ModelConfig, TrainConfig
 from dlrm_scale.run_record import COLLECTIVE_GROUPS, PHASE_GROUPS
-from planner.cost.cost_model import AnalyticCostModel, CostModel, all_reduce_ms, dense_compute_ms, dense_overhead_ms, dense_update_ms, embedding_collectives, hidden_all_reduce_ms, host_overhead_ms, replica_all_reduces, replica_update_ms, value_passes_ms
+from planner.cost.cost_model import AnalyticCostModel, CostModel, all_reduce_ms, dense_compute_ms, dense_overhead_ms, dense_update_ms, embedding_collectives_ms, hidden_all_reduce_ms, host_overhead_ms, replica_all_reduces, replica_update_ms, value_passes_ms
 from planner.plan.document import Plan
 from planner.views.scoring import costed_options
 from planner.spec.specs import GIB, TableSpec
@@ -120,15 +120,14 @@ def simulate(plan: Plan, problem: PlanningProblem, model: ModelConfig, dense_opt
     regroup = value_passes_ms(training.batch_size_per_rank * sum(t.outputs_per_sample * t.embedding_dim for t in problem.tables), cluster.costs.pooled_value_ns)
     # the embeddings' three collectives once per sharding type; DDP's all-reduce, and the replicas' own
     types = [t.sharding_type for t in plan.tables.values()]
-    runs = embedding_collectives(types)
+    fixed = dict(zip((g for g in COLLECTIVE_GROUPS if g != "all_reduce"), embedding_collectives_ms(types, cluster)))  # in its order
     overlap = BackwardOverlap(replica_reduce, tuple(backward))
     for p in phases:
         p["dense"] += compute
         p["all_reduce"] += reduce + (1 + replica_all_reduces(types)) * cluster.costs.collective_latency_ms - overlap.hidden_ms
         p["other"] += host
-        for group in COLLECTIVE_GROUPS:
-            if group != "all_reduce":
-                p[group] += runs * cluster.costs.collective_latency_ms
+        for group, ms in fixed.items():
+            p[group] += ms
         p["a2a_fwd"] += regroup  # the timers charge SparseArch's regrouping to the all-to-all it ends
         p["a2a_bwd"] += regroup
     ranks = tuple(RankSimulation(r, phases[r], storage[r]) for r in range(world))

@@ -72,6 +72,11 @@ PLAN_INPUTS_FIX = "re-plan for it with 'dlrm-scale plan', or pass --ignore-plan-
 def check_given_plan(plan: Plan, job: TrainJob, run: RunConfig) -> str | None:
     """`--plan` against the run: its tables and world size always, the inputs it was made for
     unless --ignore-plan-inputs, which returns what differs (None: nothing) for the caller to say."""
+    rep = plan.replication
+    if rep is not None:
+        raise ConfigError(f"plan {job.plan_path} is 2D (tables sharded over groups of {rep.group_size} ranks, {rep.replicas} replicas "
+                          f"averaged every {rep.sync_every_steps} steps); dlrm-scale train shards over every rank: re-plan without "
+                          f"--sync-every, or run it with TorchRec's DMPCollection (GPUs only) in your own code")
     if not job.ignore_plan_inputs:
         check_plan_inputs(plan, run.problem, f"plan {job.plan_path}", PLAN_INPUTS_FIX)
         return None

@@ -212,7 +212,7 @@ def embedding_collectives(sharding_types: Iterable) -> int:
     backward) runs per step: once per sharding type with a table in the plan. TorchRec batches
     a type's tables into one input and one output distribution, but keeps a separate pair per
     type (ShardedEmbeddingBagCollection's dists), so each further type pays the collectives'
-    fixed cost (collective_latency_ms) again on every rank. Replicated tables have none."""
+    fixed cost (collective_ms) again on every rank. Replicated tables have none."""
     return len(_type_names(sharding_types) - {ShardingType.DATA_PARALLEL.value})
 
 
@@ -222,11 +222,39 @@ def replica_all_reduces(sharding_types: Iterable) -> int:
     return int(ShardingType.DATA_PARALLEL.value in _type_names(sharding_types))
 
 
+def collective_ms(peers: int, cluster: ClusterSpec) -> float:
+    """One collective's fixed cost, beyond its bytes: launching and synchronising it
+    (collective_latency_ms), and a latency per further rank it exchanges with
+    (collective_peer_us): an all-to-all sends each a message of its own, a ring takes a step per
+    rank. Small next to the bytes on a node; at thousands of ranks each message carries little
+    and the second term dominates, which is what 2D sparse parallelism shortens."""
+    return cluster.costs.collective_latency_ms + peers * cluster.costs.collective_peer_us * 1e-3
+
+
+def output_peers(sharding_type: str, cluster: ClusterSpec) -> int:
+    """The ranks a rank exchanges with in a type's pooled forward (and its backward): every
+    other rank, but under table-row-wise the node's (its reduce-scatter) and one on each other
+    node (its all-to-all among the ranks of the same local index)."""
+    if sharding_type == ShardingType.TABLE_ROW_WISE.value:
+        return (cluster.ranks_per_node - 1) + (cluster.num_nodes - 1)
+    return cluster.world_size - 1
+
+
+def embedding_collectives_ms(sharding_types: Iterable, cluster: ClusterSpec) -> tuple[float, float, float]:
+    """The fixed cost of the embedding collectives a plan's sharding types run, per step: (input
+    distribution, pooled forward, pooled backward). Ids go to their shards over every rank."""
+    types = _type_names(sharding_types) - {ShardingType.DATA_PARALLEL.value}
+    ids = len(types) * collective_ms(cluster.world_size - 1, cluster)
+    out = sum(collective_ms(output_peers(t, cluster), cluster) for t in types)
+    return ids, out, out
+
+
 def sharding_types_ms(sharding_types: Iterable, cluster: ClusterSpec) -> float:
     """Every rank's fixed cost of the collectives a plan's sharding types run: the three
-    embedding collectives per sharded type, and the replicas' own all-reduce."""
+    embedding collectives per sharded type, and the replicas' own all-reduce (a fixed cost
+    only: DDP's all-reduce is a tree at scale, not a message per rank)."""
     types = _type_names(sharding_types)
-    return (3 * embedding_collectives(types) + replica_all_reduces(types)) * cluster.costs.collective_latency_ms
+    return sum(embedding_collectives_ms(types, cluster)) + replica_all_reduces(types) * cluster.costs.collective_latency_ms
 
 
 def shard_comm_ms(num_bytes: float, cluster: ClusterSpec) -> float:

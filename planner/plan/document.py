@@ -66,6 +66,30 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
+class Replication:
+    """2D sparse parallelism (planner/plan/replication.py): the plan is one sharding group's, of
+    `group_size` ranks; the job runs `replicas` of it, averaged every `sync_every_steps`."""
+
+    group_size: int
+    replicas: int
+    sync_every_steps: int
+    sync_ms: float  # one sync, predicted
+    strategy: str = "default"  # TorchRec's ShardingStrategy.DEFAULT: sync() all-reduces (averages) weights and optimizer state
+
+    @property
+    def sync_ms_per_step(self) -> float:
+        return self.sync_ms / self.sync_every_steps
+
+    @property
+    def job_world_size(self) -> int:
+        return self.group_size * self.replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group_size": self.group_size, "replicas": self.replicas, "sync_every_steps": self.sync_every_steps,
+                "sync_ms": self.sync_ms, "strategy": self.strategy}
+
+
+@dataclass(frozen=True)
 class Plan:
     world_size: int
     ranks_per_node: int
@@ -81,6 +105,7 @@ class Plan:
     # each phase waiting for its busiest rank, plus the fixed cost of the plan's sharding types.
     # None for a plan the search did not make (by hand, TorchRec's, a replan's).
     step: tuple[float, float] | None = None
+    replication: Replication | None = None  # 2D: world_size and ranks_per_node are then one group's
 
     @property
     def gap(self) -> float:
@@ -123,6 +148,7 @@ class Plan:
                 "solve_seconds": self.solve_seconds,
             },
             **({"inputs": self.inputs.to_dict()} if self.inputs is not None else {}),
+            **({"replication": self.replication.to_dict()} if self.replication is not None else {}),
         }
 
     def save(self, path: str | Path) -> None:
@@ -154,6 +180,7 @@ class Plan:
             if step[1] <= 0:
                 raise PlanFormatError(f"{source}: plan.predicted.step_lower_bound_ms is {step[1]}, not a positive number")
         inputs = PlanInputs.from_dict(reader.need(doc, "inputs", dict, "plan"), source) if "inputs" in doc else None
+        replication = reader.replication(reader.need(doc, "replication", dict, "plan"), world) if "replication" in doc else None
         return cls(
             world_size=world,
             ranks_per_node=local,
@@ -166,6 +193,7 @@ class Plan:
             solve_seconds=float(predicted.get("solve_seconds", 0.0)),
             inputs=inputs,
             step=step,
+            replication=replication,
         )
 
 
@@ -191,6 +219,17 @@ class _Reader:
         if isinstance(value, int) and abs(value) > 2**63 or not math.isfinite(value):
             raise PlanFormatError(f"{self.source}: {where}.{key} is {str(value)[:20]}, not a finite number")
         return float(value)
+
+    def replication(self, r: Any, world: int) -> Replication:
+        where = "plan.replication"
+        group, replicas, every = (self.need(r, k, int, where) for k in ("group_size", "replicas", "sync_every_steps"))
+        if group != world or replicas < 2 or every < 1:
+            raise PlanFormatError(f"{self.source}: {where} must name the plan's world size {world} as group_size, "
+                                  f"replicas >= 2 and sync_every_steps >= 1 (got {group}, {replicas}, {every})")
+        strategy = self.need(r, "strategy", str, where)
+        if strategy != "default":
+            raise PlanFormatError(f"{self.source}: {where}.strategy {strategy!r} is not 'default' (the one dlrm-scale plans)")
+        return Replication(group, replicas, every, self.number(r, "sync_ms", where), strategy)
 
     def table(self, name: str, t: Any, world: int, local: int) -> TablePlan:
         source, where = self.source, f"tables[{name!r}]"

@@ -54,6 +54,7 @@ PROFILE_KEYS = {
     "inter_node_gb_per_s": "inter_node_gb_per_s",
     "kernel_launch_ms": "kernel_launch_ms",
     "collective_latency_ms": "collective_latency_ms",
+    "collective_peer_us": "collective_peer_us",
     "lookup_fwd_ns": "lookup_fwd_ns",
     "lookup_bwd_ns": "lookup_bwd_ns",
     "lookup_bwd_row_ns": "lookup_bwd_row_ns",

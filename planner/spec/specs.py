@@ -143,6 +143,7 @@ class CostConstants:
     inter_node_gb_per_s: float  # per rank, one direction
     kernel_launch_ms: float = 0.0  # fixed cost of each shard's kernel per pass
     collective_latency_ms: float = 0.0  # fixed cost of one collective (paid a few times per step)
+    collective_peer_us: float = 0.0  # a collective's latency per further rank it exchanges with (all-to-all messages, ring steps)
     comm_shard_ms: float = 0.0  # host work per shard in each embedding collective (its feature's splits and copies)
     comm_byte_ns: float = 0.0  # host work per byte a shard puts into or takes out of an embedding collective (copies)
     lookup_fwd_ns: float = 0.0  # fixed cost per id looked up, beyond its bytes and adds

@@ -1,0 +1,114 @@
+"""2D sparse parallelism: the tables sharded over groups of G ranks, every group a replica of
+the others, the replicas' tables averaged every N steps (TorchRec's `DMPCollection` under its
+default `ShardingStrategy`: weights and optimizer state all-reduced over each replica group).
+
+The groups are those `DMPCollection` makes by default: a replica group is R = W/G consecutive
+ranks (inside one node where R <= L, so its all-reduce uses the fast link) and a sharding group
+takes one rank of each, ranks g, g+R, g+2R, ...: L/R ranks on each node, or one rank on each of
+G nodes where R is a multiple of L.
+
+What a group size changes, and how the planner prices it:
+- the step: a group's all-to-alls span G ranks, not W, and its shards serve the group's G x b
+  samples: the plan of a G-rank cluster with the same batch per rank (`group_cluster`);
+- the sync, every N steps: an all-reduce over R ranks of each rank's tables and their optimizer
+  state (`sync_ms`); its share per step is added to the group's step;
+- memory: a rank holds R times the share of the tables it would hold in 1D (the group's plan
+  must fit a rank as it is);
+- the model: between syncs each replica updates its tables with its own samples' gradients,
+  and a sync averages them. It is the one plan choice that changes the model (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes
+from planner.plan.document import Plan, Replication
+from planner.plan.planning import make_plan
+from planner.search.solver import SolverConfig
+from planner.spec.errors import ConfigError, InfeasiblePlanError
+from planner.spec.problem import PlanningProblem
+from planner.spec.specs import ClusterSpec
+
+def check_sync_every(sync_every_steps: Any) -> int:
+    if isinstance(sync_every_steps, bool) or not isinstance(sync_every_steps, int) or sync_every_steps < 1:
+        raise ConfigError(f"--sync-every must be a whole number of steps >= 1 (replicas are averaged that often), got {sync_every_steps!r}")
+    return sync_every_steps
+
+
+def check_group_size(cluster: ClusterSpec, group_size: Any) -> int:
+    """A group size DMPCollection can lay out on this cluster, or one line saying which would do."""
+    world, local = cluster.world_size, cluster.ranks_per_node
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or world % group_size:
+        raise ConfigError(f"--group-size {group_size!r} must divide the world size {world}; use one of "
+                          f"{', '.join(map(str, group_sizes(cluster)))}")
+    replicas = world // group_size
+    if local % replicas and replicas % local:
+        raise ConfigError(f"--group-size {group_size} makes replica groups of {replicas} ranks, which neither divide a node's "
+                          f"{local} ranks nor span whole nodes; use one of {', '.join(map(str, group_sizes(cluster)))}")
+    return group_size
+
+
+def group_sizes(cluster: ClusterSpec) -> list[int]:
+    """Every group size a W-rank cluster can be split into, W (1D) first, then smaller."""
+    world, local = cluster.world_size, cluster.ranks_per_node
+    return [world // r for r in range(1, world + 1) if world % r == 0 and (local % r == 0 or r % local == 0)]
+
+
+def group_cluster(cluster: ClusterSpec, group_size: int) -> ClusterSpec:
+    """What one sharding group of `group_size` ranks is: its ranks per node and their share of
+    each node's host memory and SSD (the node's other ranks belong to other groups)."""
+    replicas, local = cluster.world_size // group_size, cluster.ranks_per_node
+    per_node = local // replicas if replicas <= local else 1
+    return replace(cluster, num_nodes=group_size // per_node, ranks_per_node=per_node,
+                   ddr_bytes_per_node=cluster.ddr_bytes_per_node * per_node // local,
+                   ssd_bytes_per_node=cluster.ssd_bytes_per_node * per_node // local)
+
+
+def synced_bytes(plan: Plan, optimizer: str) -> int:
+    """What a sync all-reduces on the rank holding the most: its sharded tables' weights and
+    optimizer state (data-parallel tables are all-reduced every step already)."""
+    held = [0] * plan.world_size
+    for table in plan.tables.values():
+        if table.sharding_type != "data_parallel":
+            for s in table.shards:
+                held[s.rank] += rows_bytes(s.rows, s.cols, optimizer)
+    return max(held)
+
+
+def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec) -> float:
+    """One sync: an all-reduce of `synced_bytes` over the R replicas; every rank waits for it."""
+    return all_reduce_ms(synced_bytes(plan, optimizer), replicas, cluster) + collective_ms(replicas - 1, cluster)
+
+
+def predicted_step_ms(plan: Plan) -> float:
+    """The search's step, plus the replicas' sync per step for a 2D plan."""
+    return plan.step[0] + (plan.replication.sync_ms_per_step if plan.replication is not None else 0.0)
+
+
+def plan_replicated(problem: PlanningProblem, sync_every_steps: int, sizes: Sequence[int] | None = None,
+                    config: SolverConfig | None = None) -> Plan:
+    """The plan with the shortest predicted step (the sync included) over the group sizes the
+    cluster allows, 1D among them, or over `sizes`, each searched with an equal share of the
+    time limit. A 2D plan is its group's plan, with its `replication`."""
+    config = config or SolverConfig()
+    cluster, world = problem.cluster, problem.cluster.world_size
+    sizes = [check_group_size(cluster, g) for g in sizes] if sizes is not None else group_sizes(cluster)
+    share = replace(config, time_limit_s=config.time_limit_s / len(sizes))
+    best, infeasible = None, None
+    for size in sizes:
+        try:
+            candidate = make_plan(problem if size == world else replace(problem, cluster=group_cluster(cluster, size)), config=share)
+        except InfeasiblePlanError as e:  # the tables do not fit so few ranks
+            infeasible = infeasible or e
+            continue
+        if size < world:
+            replicas = world // size
+            candidate = replace(candidate, replication=Replication(
+                size, replicas, sync_every_steps, sync_ms(candidate, problem.training.embedding_optimizer, replicas, cluster)))
+        if best is None or predicted_step_ms(candidate) < predicted_step_ms(best):
+            best = candidate
+    if best is None:
+        raise infeasible
+    return best

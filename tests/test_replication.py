@@ -1,0 +1,89 @@
+"""2D sparse parallelism in the planner: which group sizes a cluster allows, what a group is,
+what a sync costs, and that the planner takes a group size only where its step, the sync
+included, beats 1D."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.workloads import synthetic_tables
+from dlrm_scale.run_config import load_problem
+from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes, sharding_types_ms
+from planner.plan.document import Plan, PlanFormatError, table_layout
+from planner.plan.replication import group_cluster, group_sizes, plan_replicated, predicted_step_ms, sync_ms
+from planner.search.solver import SolverConfig
+from planner.spec.problem import PlanningProblem
+from planner.spec.specs import TrainingSpec
+from planner.spec.types import ShardingType
+
+SYNC_EVERY = 10
+
+
+def problem(world: int, peer_us: float) -> PlanningProblem:
+    base = load_problem("configs/tiny.yaml", hardware="a100_zionex", cluster_overrides={"world_size": world})
+    return PlanningProblem(tuple(synthetic_tables(24, 3)), base.cluster.with_costs(collective_peer_us=peer_us), TrainingSpec(512))
+
+
+def test_group_sizes_are_those_dmpcollection_can_lay_out():
+    cluster = problem(64, 0.0).cluster  # 8 nodes of 8
+    assert group_sizes(cluster) == [64, 32, 16, 8, 4, 2, 1]
+    two = group_cluster(cluster, 32)  # replicas in pairs inside a node: each group has 4 ranks on each of 8 nodes
+    assert (two.num_nodes, two.ranks_per_node) == (8, 4)
+    assert two.ddr_bytes_per_node == cluster.ddr_bytes_per_node // 2
+    spread = group_cluster(cluster, 4)  # 16 replicas span 2 nodes: a group has one rank on each of 4 nodes
+    assert (spread.num_nodes, spread.ranks_per_node) == (4, 1)
+    assert group_sizes(replace(cluster, num_nodes=3)) == [24, 12, 6, 3, 1]  # 3 or 6 replicas would split a node's ranks
+
+
+def test_an_all_to_alls_latency_grows_with_the_ranks_it_spans():
+    cluster = problem(64, 2.0).cluster
+    assert collective_ms(63, cluster) == pytest.approx(cluster.costs.collective_latency_ms + 0.126)
+    # table-row-wise exchanges with its node's 7 other ranks and one rank on each of the 7 other nodes
+    assert sharding_types_ms(["table_row_wise"], cluster) == pytest.approx(collective_ms(63, cluster) + 2 * collective_ms(14, cluster))
+    assert sharding_types_ms(["table_wise"], cluster) == pytest.approx(3 * collective_ms(63, cluster))
+
+
+def test_a_sync_all_reduces_the_fullest_ranks_tables_and_state_over_its_replicas():
+    p = problem(16, 1.0)
+    small, large = p.tables[0], p.tables[1]
+    plan = Plan(2, 2, {small.name: table_layout(small, ShardingType.TABLE_WISE, [0], "hbm"),
+                       large.name: table_layout(large, ShardingType.ROW_WISE, [0, 1], "hbm")}, (), 0.0, 0.0)
+    fullest = rows_bytes(small.num_embeddings, small.embedding_dim, "rowwise_adagrad") + \
+        rows_bytes(-(-large.num_embeddings // 2), large.embedding_dim, "rowwise_adagrad")
+    within = sync_ms(plan, "rowwise_adagrad", 8, p.cluster)  # 8 replicas: one node, its fast link
+    assert within == pytest.approx(all_reduce_ms(fullest, 8, p.cluster) + collective_ms(7, p.cluster), rel=1e-3)
+    assert sync_ms(plan, "rowwise_adagrad", 16, p.cluster) > 5 * within  # 16 replicas span two nodes: the slow link
+
+
+@pytest.mark.parametrize("peer_us", [0.0, 5.0])
+def test_the_planner_takes_the_group_size_whose_step_with_its_sync_is_shortest(peer_us):
+    """Without a per-peer latency a group only adds its sync (its ranks send as many bytes as in
+    1D): 1D. With 5 us a peer, 64-rank all-to-alls cost more than a sync every 10 steps saves."""
+    p = problem(64, peer_us)
+    config = SolverConfig(time_limit_s=0.6 * len(group_sizes(p.cluster)))
+    chosen = plan_replicated(p, SYNC_EVERY, config=config)
+    each = {g: plan_replicated(p, SYNC_EVERY, [g], replace(config, time_limit_s=0.6)) for g in group_sizes(p.cluster)}
+    steps = {g: predicted_step_ms(plan) for g, plan in each.items()}
+    best = min(steps, key=steps.get)
+    assert predicted_step_ms(chosen) == pytest.approx(steps[best])
+    if peer_us == 0.0:
+        assert chosen.replication is None and best == 64
+    else:
+        rep = chosen.replication
+        assert rep is not None and rep.group_size == best < 64 and rep.replicas * rep.group_size == 64
+        assert chosen.world_size == best  # the plan is one group's, as DMPCollection takes it
+        assert steps[64] - chosen.step[0] > rep.sync_ms_per_step  # it beat 1D by more than its sync
+
+
+def test_a_2d_plan_round_trips_and_a_damaged_replication_is_one_line():
+    p = problem(16, 5.0)
+    plan = plan_replicated(p, SYNC_EVERY, [4], SolverConfig(time_limit_s=1.0))
+    doc = plan.to_dict()
+    assert doc["replication"] == {"group_size": 4, "replicas": 4, "sync_every_steps": SYNC_EVERY,
+                                  "sync_ms": plan.replication.sync_ms, "strategy": "default"}
+    assert Plan.from_dict(doc).replication == plan.replication
+    doc["replication"]["group_size"] = 8
+    with pytest.raises(PlanFormatError, match="plan.replication must name the plan's world size 4 as group_size"):
+        Plan.from_dict(doc)
