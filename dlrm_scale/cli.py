@@ -6,6 +6,7 @@ Errors a user can cause end in one line on stderr and exit code 2, never a trace
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from planner.plan.document import Plan
 from planner.plan.planning import make_plan
 from planner.plan.replication import check_group_size, check_sync_every, plan_replicated
 from planner.views.report import format_plan, plot_plan
+from planner.search import progress
 from planner.search.solver import SolverConfig
 
 
@@ -308,12 +310,13 @@ def run_plan(args: argparse.Namespace) -> int:
 
         cost_model = TorchRecCostModel(problem)
     start = time.perf_counter()
-    if old is not None:
-        plan = replan_from(problem, old, cost_model, solver, args.max_move_gb, Path(args.out))
-    elif two_d:
-        plan = plan_replicated(problem, args.sync_every, None if args.group_size is None else [args.group_size], solver)
-    else:
-        plan = make_plan(problem, cost_model, solver)
+    with ProgressLine(sys.stderr) if sys.stderr.isatty() else contextlib.nullcontext():
+        if old is not None:
+            plan = replan_from(problem, old, cost_model, solver, args.max_move_gb, Path(args.out))
+        elif two_d:
+            plan = plan_replicated(problem, args.sync_every, None if args.group_size is None else [args.group_size], solver)
+        else:
+            plan = make_plan(problem, cost_model, solver)
     seconds = time.perf_counter() - start
     out = Path(args.out)
     plan.save(out)
@@ -327,6 +330,36 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.compare:
         print(compare_with_torchrec(problem, plan, seconds))
     return 0
+
+
+class ProgressLine:
+    """The search's best plan, proven bound and gap, on one terminal line rewritten as it moves
+    (at most every REDRAW_S), erased when the search ends."""
+
+    REDRAW_S = 0.1
+
+    def __init__(self, stream) -> None:
+        self.stream, self.start, self.drawn = stream, time.monotonic(), -math.inf
+
+    def __call__(self, stage: str, best_ms: float, bound_ms: float) -> None:
+        now = time.monotonic()
+        if now - self.drawn < self.REDRAW_S:
+            return
+        self.drawn = now
+        gap = best_ms / bound_ms - 1 if bound_ms > 0 else math.inf
+        self.stream.write(f"\r\033[Ksearching: busiest rank {best_ms:.4f} ms, proven bound {bound_ms:.4f} ms, gap {gap:.2%} "
+                          f"({stage}, {now - self.start:.1f} s)")
+        self.stream.flush()
+
+    def __enter__(self):
+        self._watching = progress.watched(self)
+        self._watching.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._watching.__exit__(*exc)
+        self.stream.write("\r\033[K")
+        self.stream.flush()
 
 
 def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_gb: float | None, out: Path) -> Plan:

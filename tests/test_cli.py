@@ -159,3 +159,34 @@ def test_every_flag_is_declared_once_in_options():
                 own.append(f"{path}: {node.args[0].value}")
     assert own == []
     assert all(spec.get("help") for spec in options.FLAGS.values())
+
+
+def test_plan_shows_its_search_on_a_terminal_and_nowhere_else(tmp_path: Path):
+    """stderr a terminal: the search's best busiest rank, proven bound and gap on one line,
+    rewritten, then erased; piped (a log, CI): nothing."""
+    import os
+    import re
+
+    args = ("plan", "configs/criteo_terabyte.yaml", "--hardware", "a100_zionex", "--world-size", "16", "--time-limit", "3")
+    leader, follower = os.openpty()
+    r = subprocess.run([sys.executable, "-m", "dlrm_scale.cli", *args, "--out", str(tmp_path / "a.json")],
+                       stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert r.returncode == 0
+    lines = [m.groups() for m in re.finditer(rb"searching: busiest rank ([\d.]+) ms, proven bound ([\d.]+) ms, gap ([\d.]+)% \(([^,]+)",
+                                             shown)]
+    assert lines and lines[0][3] == b"warm start"
+    assert all(float(bound) <= float(best) for best, bound, _, _ in lines)
+    assert shown.endswith(b"\r\x1b[K")  # the line erased before the summary prints
+    piped = cli(*args, "--out", str(tmp_path / "b.json"))
+    assert piped.returncode == 0 and piped.stderr == ""

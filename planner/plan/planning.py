@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Sequence
 
-from planner.search import wall_clock
+from planner.search import progress, wall_clock
 from planner.search.assignment import RankLoads
 from planner.cost.step import rank_perf_storage
 from planner.search.candidates import enumerate_options
@@ -141,7 +141,8 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
             options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
             resolves += 1
             try:
-                tried.append(_solve(search, options, cluster, resolve, deadline_s - time.monotonic()))  # its budget; the limit's ceiling
+                with progress.watched(None):  # a re-solve's bound is of its own, restricted, problem: not shown
+                    tried.append(_solve(search, options, cluster, resolve, deadline_s - time.monotonic()))  # its budget; the limit's ceiling
             except InfeasiblePlanError:
                 continue
         if not tried:
@@ -152,6 +153,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
         closed = candidate_closed  # against its own, restricted, problem
         best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
                        seconds=best.seconds + sum(c.seconds for c, _ in tried))
+        progress.report(f"fewer sharding types: step {_step_ms(best, cluster):.4f} ms", best.max_rank_ms, solution.lower_bound_ms)
     return best
 
 

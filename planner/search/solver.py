@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from planner.search import wall_clock, work
+from planner.search import progress, wall_clock, work
 from planner.search.assignment import Assignment, RankLoads
 from planner.search.bounds import shard_limited_bound_ms
 from planner.search.cpsat import ClassModel, class_model_size, joint_model_size, solve_joint, to_ticks
@@ -268,6 +268,7 @@ def _probe_caps(model: ClassModel, best: Assignment, bound_ms: float, budget_s: 
             best, best_peak = result.assignment, peak
         elif bound_ms < target:  # neither a plan under the target nor a proof that none exists
             undecided_ms = target
+        progress.report("class model probes", best_peak, bound_ms)
     return best, best_peak, bound_ms
 
 
@@ -292,9 +293,11 @@ def solve(
     best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, deadline, rules,
                       work.now() + work.budget(WARM_START_SHARE * budget))
     target = bound * (1 + config.target_gap)
+    progress.report("warm start", _peak(best, world), bound)
     if _peak(best, world) > target:
         best = rechoose_options(options_by_table, best, cluster, deadline, rules, target, work.now() + work.budget(RECHOOSE_SHARE * budget))
     best_peak, method = _peak(best, world), "greedy"
+    progress.report("greedy", best_peak, bound)
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
     if best_peak > target and small and not wall_clock.passed(deadline, "configuration LP"):
@@ -304,6 +307,7 @@ def solve(
         best, best_peak, bound = _pattern_stage(PatternLP(options_by_table, world, unit_ms), options_by_table, cluster, best,
                                                 bound, unit_ms, config, deadline, rules, work.now() + work.budget(PATTERN_SHARE * budget))
         target = max(target, bound * (1 + config.target_gap))
+        progress.report("configuration LP", best_peak, bound)
     if best_peak > target and small and not wall_clock.passed(deadline, "class model"):
         # 0.3 of the deterministic budget: where the optimisation stalls, probes under caps do
         # better (the rest of half the budget), and near the optimum one probe needs seconds (26
@@ -318,6 +322,7 @@ def solve(
             if peak < best_peak:
                 best, best_peak = result.assignment, peak
             method = "class-optimal" if result.optimal and result.bound_ms is not None else "class"
+            progress.report("class model", best_peak, bound)
             if method == "class":  # the probes return at once where the gap is closed
                 best, best_peak, bound = _probe_caps(class_model, best, bound, budget * 0.5 - result.deterministic_s, deadline, config)
     if (not class_placed and best_peak > target and joint_model_size(options_by_table, cluster) <= config.joint_model_max_booleans
@@ -330,6 +335,7 @@ def solve(
             if _peak(result.assignment, world) < best_peak:
                 best, best_peak = result.assignment, _peak(result.assignment, world)
             method = ("joint-optimal" if result.optimal else "joint") if method == "greedy" else method + "+joint"
+            progress.report("joint model", best_peak, bound)
     if best_peak > max(target, bound * (1 + config.target_gap)):  # past the ceiling, repair notes itself and returns at once
         repaired = repair_placement(
             best.copy(), cluster, unit_ms, bound * (1 + config.target_gap),
@@ -339,4 +345,5 @@ def solve(
         if peak < best_peak:
             best, best_peak = repaired, peak
             method += "+repair"
+            progress.report("repair", best_peak, bound)
     return Solution(best, best_peak, bound, method, time.monotonic() - start)
