@@ -35,8 +35,8 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--cost-model": dict(choices=["ours", "torchrec"], default="ours", help="who prices the options (default ours)"),
     "--time-limit": dict(type=float, default=10.0, help="the planner's time limit, seconds (default 10)"),
     "--gap": dict(type=float, default=SolverConfig.target_gap,
-                  help=f"stop once the plan is proven within this fraction of its lower bound (default {SolverConfig.target_gap}, "
-                       "0.1%%; 0.01 for 1%%); --time-limit stays the ceiling"),
+                  help=f"stop once the plan is proven within this fraction of its lower bound (default {SolverConfig.target_gap:g}, "
+                       "1%%; 0.001 for 0.1%%); --time-limit stays the ceiling"),
     "--sync-every": dict(type=int, help="2D sparse parallelism: also consider sharding the tables over groups of fewer ranks, "
                                         "the groups replicated and averaged every N steps (DMPCollection); the fastest predicted "
                                         "step wins. Between syncs each replica trains on its own samples: the model differs from 1D"),
