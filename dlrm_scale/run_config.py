@@ -60,6 +60,14 @@ class ModelConfig:
         object.__setattr__(self, "dense_arch", tuple(self.dense_arch))
         object.__setattr__(self, "over_arch", tuple(self.over_arch))
 
+    def embedding_dim(self, tables) -> int:
+        """The one embedding dimension the model's interaction takes, or one line: DLRM's
+        interaction (and DCN's cross layers) pair every table's pooled vector with the dense one."""
+        dims = {t.embedding_dim for t in tables}
+        if len(dims) != 1:
+            raise ConfigError(f"model: DLRM's interaction needs one embedding_dim for all tables, got {sorted(dims)}")
+        return dims.pop()
+
 
 @dataclass(frozen=True)
 class TrainConfig:

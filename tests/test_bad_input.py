@@ -12,7 +12,7 @@ from dlrm_scale.training.checkpoint import read_meta
 from dlrm_scale.training.checkpoint_layout import candidates
 from dlrm_scale.cli import node_count
 from dlrm_scale.training.criteo import CriteoTSV
-from dlrm_scale.training.flags import check_given_plan
+from dlrm_scale.training.flags import check_given_plan, check_job, parse_args
 from dlrm_scale.run_config import CheckpointConfig, ModelConfig, Overrides, TrainConfig, load_problem, load_run_config
 from planner.spec.config import load_tables_csv, section_dataclass
 from planner.spec.errors import PlannerError
@@ -280,6 +280,10 @@ CASES = [
      "--data-path {t}/days does not exist; check the path"),
     ("missing plan file", lambda t: trainer_flags(t, "--plan", str(t / "p.json")),
      "plan file {t}/p.json does not exist; create one with 'dlrm-scale plan --out {t}/p.json'"),
+    ("DLRM over tables of two widths", lambda t: check_job(parse_args(["--config", str(tiny_with(t, "num_embeddings: 100, embedding_dim: 16",
+                                                                                      "num_embeddings: 100, embedding_dim: 32")),
+                                                                   "--out-dir", str(t / "out")])),
+     "model: DLRM's interaction needs one embedding_dim for all tables, got [16, 32]"),
     ("2D replicas never averaged", lambda t: plan_cli(t, "--world-size", "8", "--sync-every", "0", "--out", str(t / "p.json")),
      "--sync-every must be a whole number of steps >= 1 (replicas are averaged that often), got 0"),
     ("2D group not dividing the world", lambda t: plan_cli(t, "--world-size", "8", "--sync-every", "10", "--group-size", "3",

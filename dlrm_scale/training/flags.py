@@ -114,6 +114,7 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
         check_resumable(run)
     training = run.problem.training
     check_precisions_trainable({}, training.fwd_comm_precision, training.bwd_comm_precision, device or local_device())
+    run.model.embedding_dim(run.problem.tables)  # here, not once torchrun has started every rank
     unpooled = [t.name for t in run.problem.tables if not t.pooled]
     if unpooled:
         raise ConfigError(f"table {unpooled[0]!r} is unpooled (pooled: false, an EmbeddingCollection's); dlrm-scale train "

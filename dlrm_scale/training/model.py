@@ -12,7 +12,6 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from dlrm_scale.training.data import feature_name
 from dlrm_scale.kernels.interaction import DotInteraction
 from dlrm_scale.run_config import ModelConfig
-from planner.spec.errors import ConfigError
 from planner.spec.specs import TableSpec
 
 # Where DistributedModelParallel finds the embedding collection inside DLRMTrain.
@@ -45,10 +44,7 @@ def build_model(
     `interaction` picks the dot interaction's implementation (dlrm_scale.kernels.interaction): the
     same function, so the same model, either way.
     """
-    dims = {t.embedding_dim for t in tables}
-    if len(dims) != 1:
-        raise ConfigError(f"model: DLRM's interaction needs one embedding_dim for all tables, got {sorted(dims)}")
-    dim = dims.pop()
+    dim = config.embedding_dim(tables)
     dense_arch = list(config.dense_arch)
     if dense_arch[-1] != dim:
         dense_arch.append(dim)  # the interaction needs the dense vector in embedding space
