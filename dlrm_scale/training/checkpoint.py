@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, CheckpointError, complete_checkpoints, step_dir
 from dlrm_scale.training.table_optimizer import STATE_SUFFIX
 from planner.plan.document import Plan
+from planner.spec.errors import PlannerError
 from planner.spec.types import ShardingType
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
@@ -418,9 +419,8 @@ def load(path: Path, model: torch.nn.Module, optimizer, plan: Plan | None = None
         raise CheckpointError(f"checkpoint {path} cannot be loaded into this model ({first_line(e)}); it is corrupted or for another model") from None
     model.load_state_dict(model_state["model"])
     optim_state = {"optimizer": optimizer.state_dict()}
-    saved_plan = meta.get("plan")
-    regrouped = _stand_in_for_regrouped(optim_state, Plan.from_dict(saved_plan, "the checkpoint's plan"), plan) \
-        if plan is not None and isinstance(saved_plan, dict) else {}
+    saved_plan = _saved_plan(meta)
+    regrouped = _stand_in_for_regrouped(optim_state, saved_plan, plan) if plan is not None and saved_plan is not None else {}
     try:
         dcp_load(optim_state, path)
     except LOAD_ERRORS as e:
@@ -435,6 +435,15 @@ def load(path: Path, model: torch.nn.Module, optimizer, plan: Plan | None = None
     if meta.get("world_size") == dist.get_world_size() and rank_file.exists():
         torch.set_rng_state(torch.load(rank_file, weights_only=True)["torch_rng"])
     return meta
+
+
+def _saved_plan(meta: dict) -> Plan | None:
+    """The layout a checkpoint was saved under, where its meta holds a readable one (without it,
+    optimizer state loads as saved, and a layout that does not fit it starts fresh)."""
+    try:
+        return Plan.from_dict(meta["plan"], "the checkpoint's plan") if isinstance(meta.get("plan"), dict) else None
+    except PlannerError:
+        return None
 
 
 def state_columns(plan: Plan, table: str) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ from planner.spec.errors import ConfigError, InfeasiblePlanError
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import ClusterSpec
 
+
 def check_sync_every(sync_every_steps: Any) -> int:
     if isinstance(sync_every_steps, bool) or not isinstance(sync_every_steps, int) or sync_every_steps < 1:
         raise ConfigError(f"--sync-every must be a whole number of steps >= 1 (replicas are averaged that often), got {sync_every_steps!r}")
