@@ -112,7 +112,8 @@ def main() -> int:
             row["retune_wall_vs_wrong"] = row["retune"]["wall_median_s"] / row["wrong"]["wall_median_s"]
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("retune_decisions", "reshards")}), flush=True)
-    write_result(args.out, {"steps": args.steps, "repeats": args.repeats, "wrong": args.wrong, "right": args.right, "mixes": rows})
+            # after each mix: a mix can take 40 minutes, and a run stopped later keeps those done
+            write_result(args.out, {"steps": args.steps, "repeats": args.repeats, "wrong": args.wrong, "right": args.right, "mixes": rows})
     print("| mix | tables | wrong plan's steady samples/s vs best reference | retuned vs best reference | retuned wall / wrong wall | moves |")
     print("|---|---|---|---|---|---|")
     for r in rows:
