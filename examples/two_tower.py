@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -139,7 +140,13 @@ def main() -> None:
     if rank == 0:
         print(f"planner {args.planner}: planned in {plan_s:.2f} s; loss {statistics.mean(losses[:20]):.3f} -> "
               f"{statistics.mean(losses[-20:]):.3f}; {1000 * statistics.median(times[min(10, len(times) - 1):]):.1f} ms a step (median)")
+    dist.barrier()
     dist.destroy_process_group()
+    # On gloo, a worker thread may still free a finished collective's tensors while the interpreter
+    # shuts down, which aborts a complete run (std::terminate; DDP keeps the default group alive
+    # past destroy_process_group): leave without the interpreter's teardown, output flushed.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
