@@ -244,7 +244,7 @@ def embedding_collectives_ms(sharding_types: Iterable, cluster: ClusterSpec) -> 
     """The fixed cost of the embedding collectives a plan's sharding types run, per step: (input
     distribution, pooled forward, pooled backward). Ids go to their shards over every rank."""
     types = _type_names(sharding_types) - {ShardingType.DATA_PARALLEL.value}
-    ids = len(types) * collective_ms(cluster.world_size - 1, cluster)
+    ids = embedding_collectives(types) * collective_ms(cluster.world_size - 1, cluster)
     out = sum(collective_ms(output_peers(t, cluster), cluster) for t in types)
     return ids, out, out
 

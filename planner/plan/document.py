@@ -10,7 +10,7 @@ the format only: planning.py builds a plan from the search's solution.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -65,6 +65,9 @@ class RankPlan:
         return self.perf.total_ms
 
 
+REPLICA_STRATEGY = "default"  # TorchRec's ShardingStrategy.DEFAULT: sync() all-reduces (averages) weights and optimizer state
+
+
 @dataclass(frozen=True)
 class Replication:
     """2D sparse parallelism (planner/plan/replication.py): the plan is one sharding group's, of
@@ -74,7 +77,7 @@ class Replication:
     replicas: int
     sync_every_steps: int
     sync_ms: float  # one sync, predicted
-    strategy: str = "default"  # TorchRec's ShardingStrategy.DEFAULT: sync() all-reduces (averages) weights and optimizer state
+    strategy: str = REPLICA_STRATEGY
 
     @property
     def sync_ms_per_step(self) -> float:
@@ -85,8 +88,7 @@ class Replication:
         return self.group_size * self.replicas
 
     def to_dict(self) -> dict[str, Any]:
-        return {"group_size": self.group_size, "replicas": self.replicas, "sync_every_steps": self.sync_every_steps,
-                "sync_ms": self.sync_ms, "strategy": self.strategy}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -227,8 +229,8 @@ class _Reader:
             raise PlanFormatError(f"{self.source}: {where} must name the plan's world size {world} as group_size, "
                                   f"replicas >= 2 and sync_every_steps >= 1 (got {group}, {replicas}, {every})")
         strategy = self.need(r, "strategy", str, where)
-        if strategy != "default":
-            raise PlanFormatError(f"{self.source}: {where}.strategy {strategy!r} is not 'default' (the one dlrm-scale plans)")
+        if strategy != REPLICA_STRATEGY:
+            raise PlanFormatError(f"{self.source}: {where}.strategy {strategy!r} is not {REPLICA_STRATEGY!r} (the one dlrm-scale plans)")
         return Replication(group, replicas, every, self.number(r, "sync_ms", where), strategy)
 
     def table(self, name: str, t: Any, world: int, local: int) -> TablePlan:

@@ -44,9 +44,8 @@ def check_group_size(cluster: ClusterSpec, group_size: Any) -> int:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 or world % group_size:
         raise ConfigError(f"--group-size {group_size!r} must divide the world size {world}; use one of "
                           f"{', '.join(map(str, group_sizes(cluster)))}")
-    replicas = world // group_size
-    if local % replicas and replicas % local:
-        raise ConfigError(f"--group-size {group_size} makes replica groups of {replicas} ranks, which neither divide a node's "
+    if group_size not in group_sizes(cluster):
+        raise ConfigError(f"--group-size {group_size} makes replica groups of {world // group_size} ranks, which neither divide a node's "
                           f"{local} ranks nor span whole nodes; use one of {', '.join(map(str, group_sizes(cluster)))}")
     return group_size
 
