@@ -310,7 +310,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
         cost_model = TorchRecCostModel(problem)
     start = time.perf_counter()
-    with ProgressLine(sys.stderr) if sys.stderr.isatty() else contextlib.nullcontext():
+    with ProgressLine.shown_on(sys.stderr) if sys.stderr.isatty() else contextlib.nullcontext():
         if old is not None:
             plan = replan_from(problem, old, cost_model, solver, args.max_move_gb, Path(args.out))
         elif two_d:
@@ -351,15 +351,16 @@ class ProgressLine:
                           f"({stage}, {now - self.start:.1f} s)")
         self.stream.flush()
 
-    def __enter__(self):
-        self._watching = progress.watched(self)
-        self._watching.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._watching.__exit__(*exc)
-        self.stream.write("\r\033[K")
-        self.stream.flush()
+    @classmethod
+    @contextlib.contextmanager
+    def shown_on(cls, stream):
+        """Searches within the block drawn on `stream`; the line erased after, however it ends."""
+        try:
+            with progress.watched(cls(stream)):
+                yield
+        finally:
+            stream.write("\r\033[K")
+            stream.flush()
 
 
 def replan_from(problem, old: Plan, cost_model, solver: SolverConfig, max_move_gb: float | None, out: Path) -> Plan:
