@@ -96,6 +96,10 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
     check_precisions_trainable({n: t.sharding_type for n, t in plan.tables.items()}, training.fwd_comm_precision,
                                training.bwd_comm_precision, device)
     if device == "cpu":
+        cached = [n for n, t in plan.tables.items() if t.cached]
+        if plan.replication is not None and cached:  # the CPU tiers keep one store per shard, not one per replica
+            raise ConfigError(f"plan is 2D and caches table '{cached[0]}'; 2D training on CPU keeps every table in memory: re-plan "
+                              f"with more cluster.ddr_gib_per_node, or 1D")
         resident_plan(plan)  # a cached table that cannot be cached on CPU is one line, here
         check_row_cache_rows(plan)
         store = run.train.store_dir

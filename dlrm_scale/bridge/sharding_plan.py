@@ -3,6 +3,8 @@ TorchRec shards is the resident one (bridge.resident), whoever asks."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, KeyValueParams, ParameterSharding, ShardingPlan
@@ -14,12 +16,15 @@ from planner.spec.schemes import CACHED_KERNELS, cache_rows
 DEFAULT_CACHE_LOAD_FACTOR = 0.2  # what TorchRec's planner assumes when a caching plan gives none
 
 
-def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int, store_dir: str | None = None) -> ParameterSharding:
+def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int, store_dir: str | None = None,
+                       job_ranks: Sequence[int] | None = None) -> ParameterSharding:
     """TorchRec's sharding of one table. Cached tables keep their kernel (FBGEMM's UVM cache or
     SSD key-value store, CUDA-only) with the plan's load factor, and an SSD table its files in
     `store_dir` (per table: FBGEMM's other kernels refuse the SSD parameters); on CPU
-    to_sharding_plan shards their resident caches instead."""
-    ranks = table.ranks
+    to_sharding_plan shards their resident caches instead. `job_ranks[k]`: the job's rank that
+    holds the plan's rank k (a 2D plan is one sharding group's; `ranks_per_node` is then the job's)."""
+    job_rank = (lambda k: k) if job_ranks is None else job_ranks.__getitem__
+    ranks = [job_rank(k) for k in table.ranks]
     if table.sharding_type == "data_parallel":
         return ParameterSharding(sharding_type="data_parallel", compute_kernel=table.compute_kernel, ranks=ranks)
     spec = EnumerableShardingSpec(
@@ -27,7 +32,7 @@ def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int, store
             ShardMetadata(
                 shard_offsets=[s.row_offset, s.col_offset],
                 shard_sizes=[s.rows, s.cols],
-                placement=placement(device, s.rank, ranks_per_node),  # cuda: the rank's local GPU
+                placement=placement(device, job_rank(s.rank), ranks_per_node),  # cuda: the rank's local GPU
             )
             for s in table.shards
         ]
@@ -40,12 +45,17 @@ def parameter_sharding(table: TablePlan, device: str, ranks_per_node: int, store
     )
 
 
-def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "", store_dir: str | None = None) -> ShardingPlan:
+def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "", store_dir: str | None = None,
+                     job_ranks: Sequence[int] | None = None, ranks_per_node: int | None = None) -> ShardingPlan:
     """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g.
-    "model.sparse_arch.embedding_bag_collection"); FBGEMM's SSD tables keep their files in `store_dir`."""
+    "model.sparse_arch.embedding_bag_collection"); FBGEMM's SSD tables keep their files in `store_dir`.
+    A 2D plan's group ranks are placed on `job_ranks` (dlrm_scale.bridge.replicas), numbered on
+    nodes of `ranks_per_node`, as TorchRec's 2D sharding reads them: job ranks, the group's
+    process group."""
     if device == "cpu":
         plan = resident_plan(plan)
-    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, plan.ranks_per_node, store_dir)
+    local = ranks_per_node or plan.ranks_per_node
+    per_table = EmbeddingModuleShardingPlan({name: parameter_sharding(t, device, local, store_dir, job_ranks)
                                              for name, t in plan.tables.items()})
     return ShardingPlan({module_path: per_table})
 

@@ -13,6 +13,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dlrm_scale.bridge.replicas import ReplicaGroups
 from dlrm_scale.bridge.resident import resident_tables
 from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.kernels.huge_pages import back_with_huge_pages
@@ -41,6 +42,7 @@ class Parts:
     data: object
     eval_data: object
     cpu_kernel: object | None  # our row-wise Adagrad kernel, installed while the run lasts
+    replicas: ReplicaGroups | None  # a 2D plan's groups (None: the tables are sharded over every rank)
 
 
 def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, data_path: str | None,
@@ -50,7 +52,9 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
     train = run.train
     ours_on_cpu = device.type == "cpu" and train.cpu_embeddings == "dlrm_scale"
     cpu_kernel = install_cpu_adagrad(run.problem.training.embedding_optimizer) if ours_on_cpu else None
-    model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir, train.interaction)
+    replicas = ReplicaGroups(plan, device.type) if plan.replication is not None else None
+    model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir, train.interaction,
+                                replicas, run.problem.cluster.ranks_per_node if replicas is not None else None)
     timer = PhaseTimer()
     instrument(model, timer)
     tiered = None
@@ -65,22 +69,26 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
         on_huge, large = back_with_huge_pages(model)
         if rank == 0 and large:
             print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
-    return Parts(model, timer, tiered, build_optimizer(model, run), *build_data(run, data_path, rank, world), cpu_kernel)
+    return Parts(model, timer, tiered, build_optimizer(model, run), *build_data(run, data_path, rank, world), cpu_kernel, replicas)
 
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,
-                        store_dir: str | None = None, interaction: str = "torchrec") -> DistributedModelParallel:
-    """DMP over `plan`. On CPU, cached tables are sharded as their resident caches (see
-    dlrm_scale.bridge.resident); on CUDA they keep FBGEMM's caching kernels."""
+                        store_dir: str | None = None, interaction: str = "torchrec", replicas: ReplicaGroups | None = None,
+                        ranks_per_node: int | None = None) -> DistributedModelParallel:
+    """DMP over `plan`; a 2D plan over its sharding group (`replicas`, on nodes of `ranks_per_node`).
+    On CPU, cached tables are sharded as their resident caches (see dlrm_scale.bridge.resident);
+    on CUDA they keep FBGEMM's caching kernels."""
     tables = resident_tables(problem.tables, plan) if device.type == "cpu" else problem.tables
     model = build_model(tables, model_config, device, interaction=interaction)
     optimizer_cls, kwargs = fused_optimizer(problem.training.embedding_optimizer, lr)
     apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), kwargs)
     tr = problem.training
+    job_ranks = replicas.job_ranks if replicas is not None else None
     return DistributedModelParallel(
         model,
+        env=replicas.env() if replicas is not None else None,
         device=device,
-        plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH, store_dir),
+        plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH, store_dir, job_ranks, ranks_per_node),
         sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, tuple(s.cols for t in plan.tables.values() for s in t.shards))],
     )
 

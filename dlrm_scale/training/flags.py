@@ -16,6 +16,7 @@ from dlrm_scale.run_config import CheckpointConfig, Overrides, RetuneConfig, Run
 from planner.spec.errors import ConfigError
 from planner.plan.document import Plan, check_plan_inputs, check_plan_tables
 from planner.plan.inputs import PlanInputs
+from planner.plan.replication import planned_problem
 from planner.spec.schemes import TRAINABLE_EMBEDDING_OPTIMIZERS, check_precisions_trainable
 
 DESCRIPTION = """Training entry point, launched with torchrun:
@@ -72,16 +73,14 @@ PLAN_INPUTS_FIX = "re-plan for it with 'dlrm-scale plan', or pass --ignore-plan-
 def check_given_plan(plan: Plan, job: TrainJob, run: RunConfig) -> str | None:
     """`--plan` against the run: its tables and world size always, the inputs it was made for
     unless --ignore-plan-inputs, which returns what differs (None: nothing) for the caller to say."""
-    rep = plan.replication
-    if rep is not None:
-        raise ConfigError(f"plan {job.plan_path} is 2D (tables sharded over groups of {rep.group_size} ranks, {rep.replicas} replicas "
-                          f"averaged every {rep.sync_every_steps} steps); dlrm-scale train shards over every rank: re-plan without "
-                          f"--sync-every, or run it with TorchRec's DMPCollection (GPUs only) in your own code")
+    problem = planned_problem(run.problem, plan)  # a 2D plan's: one sharding group's
+    if plan.replication is not None and run.retune.enabled:
+        raise ConfigError(f"plan {job.plan_path} is 2D and --retune replans over every rank: drop --retune, or train a 1D plan")
     if not job.ignore_plan_inputs:
-        check_plan_inputs(plan, run.problem, f"plan {job.plan_path}", PLAN_INPUTS_FIX)
+        check_plan_inputs(plan, problem, f"plan {job.plan_path}", PLAN_INPUTS_FIX)
         return None
-    check_plan_tables(plan, run.problem)
-    return plan.inputs.mismatch(PlanInputs.of(run.problem)) if plan.inputs is not None else None
+    check_plan_tables(plan, problem)
+    return plan.inputs.mismatch(PlanInputs.of(problem)) if plan.inputs is not None else None
 
 
 def writable_dir(flag: str, path: Path) -> None:

@@ -15,6 +15,7 @@ from dlrm_scale.run_record import PHASES
 from dlrm_scale.training.phases import PhaseTimer
 from planner.views.comm_volume import embedding_comm_bytes
 from planner.plan.document import Plan
+from planner.plan.replication import group_ranks, synced_bytes_per_rank
 from planner.spec.specs import TrainingSpec
 
 
@@ -64,13 +65,20 @@ class WindowReport:
         b, fwd, bwd = training.batch_size_per_rank, training.fwd_comm_precision, training.bwd_comm_precision
         self.predicted = embedding_comm_bytes(plan, b, fwd, bwd)
         self.predicted_fp32 = embedding_comm_bytes(plan, b, "fp32", "fp32")
+        # 2D: the plan is one sharding group's; job rank r does what the plan's rank plan_rank[r] does
+        rep = plan.replication
+        self.plan_rank = group_ranks(rep) if rep is not None else list(range(world))
+        synced = synced_bytes_per_rank(plan, training.embedding_optimizer) if rep is not None else None
+        self.sync_predicted = [synced[k] / rep.sync_every_steps for k in self.plan_rank] if rep is not None else None
         self.samples_per_s = 0.0
 
-    def record(self, step: int, losses: torch.Tensor) -> dict:
+    def record(self, step: int, losses: torch.Tensor, synced_bytes: int = 0) -> dict:
+        """The window's record; `synced_bytes`: what this rank averaged with its replicas (2D)."""
         n = len(losses)
         phases = self.timer.take()
         sent = [b / n for b in self.meter.reset()]  # embeddings, of them to other nodes, ids: bytes per step
-        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent], dtype=torch.float64)
+        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent, synced_bytes / n],
+                             dtype=torch.float64)
         gathered = [torch.empty_like(stats) for _ in range(self.world)]
         with self.meter.paused():  # bookkeeping, not the embeddings' traffic
             dist.all_gather(gathered, stats, group=host_group())
@@ -79,18 +87,24 @@ class WindowReport:
         memory = torch.tensor(resident_bytes(), dtype=torch.int64)
         dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
-        emb, across, ids = (per_rank[:, 1 + len(PHASES) + i] for i in range(3))
+        emb, across, ids, synced = (per_rank[:, 1 + len(PHASES) + i] for i in range(4))
 
         def ints(values) -> list[int]:
             return [int(v) for v in values]
 
+        def per_job_rank(planned) -> list[int]:
+            return [int(planned[k]) for k in self.plan_rank]
+
+        replicas = {} if self.sync_predicted is None else {  # 2D: bytes averaged with the replicas, per step
+            "replica_sync_bytes": ints(synced), "replica_sync_bytes_predicted": ints(self.sync_predicted)}
         return {
             "step": step, "loss": float(per_rank[:, 0].mean()), "samples_per_s": self.samples_per_s,
             # per step, sent by each rank (index = rank): embeddings and their gradients, those of them
             # that went to other nodes, and ids; then the plan's count (planner.views.comm_volume)
             "comm_bytes": ints(emb), "comm_bytes_across_nodes": ints(across), "id_bytes": ints(ids),
-            "comm_bytes_predicted": ints(self.predicted.total), "comm_bytes_across_nodes_predicted": ints(self.predicted.across_nodes),
-            "comm_bytes_fp32_predicted": ints(self.predicted_fp32.total),
+            "comm_bytes_predicted": per_job_rank(self.predicted.total),
+            "comm_bytes_across_nodes_predicted": per_job_rank(self.predicted.across_nodes),
+            "comm_bytes_fp32_predicted": per_job_rank(self.predicted_fp32.total), **replicas,
             # the largest rank's resident memory now, and its anonymous part
             "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
             "step_ms": step_ms,

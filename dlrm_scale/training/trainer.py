@@ -44,6 +44,7 @@ class Trainer:
         parts = build_parts(run, plan, device, rank, world, data_path, initialise)
         self.model, self.timer, self.tiered, self.optimizer = parts.model, parts.timer, parts.tiered, parts.optimizer
         self.data, self.eval_data, self.cpu_kernel = parts.data, parts.eval_data, parts.cpu_kernel
+        self.replicas, self.synced_at, self.synced_bytes = parts.replicas, 0, 0
         self.lr_schedule = LRSchedule(self.optimizer, train)
         self.meter = CommMeter(run.problem.cluster.ranks_per_node)
         self.metrics = MetricsLog(out_dir, rank)
@@ -106,6 +107,8 @@ class Trainer:
             due_checkpoint = self.checkpoints.due(done, last)
             due_log = done % cfg.log_every == 0 or last
             due_eval = (cfg.eval_every and done % cfg.eval_every == 0) or last
+            if self.replicas is not None and self.replicas.due(done):
+                self._sync_replicas(done, scheduled=True)
             if due_checkpoint or due_log:
                 window = torch.stack(losses).float()
                 bad_step = bad_step if bad_step != NO_BAD_STEP else first_bad_step(window, first)
@@ -117,7 +120,7 @@ class Trainer:
                 if self.tuner is not None:
                     move_to = self.tuner.after_window(done, record["step_ms"], cfg.steps, self.metrics.log, self.run_record)
             if due_checkpoint or move_to is not None:  # a move goes on from a checkpoint of this step
-                self.metrics.log({"step": done, "checkpoint": str(self.checkpoints.save(done))})
+                self.metrics.log({"step": done, "checkpoint": str(self._save(done))})
             if move_to is not None:
                 self.next_plan, self.stopped_at = move_to, done
                 break
@@ -141,13 +144,29 @@ class Trainer:
         that a resume loses nothing."""
         path = None
         if self.checkpoints.config.directory is not None and (saved or self.config.checkpoint_on_signal):
-            path = ckpt.step_dir(self.checkpoints.config.directory, step) if saved else self.checkpoints.save(step)
+            path = ckpt.step_dir(self.checkpoints.config.directory, step) if saved else self._save(step)
         self.metrics.log({"step": step, "stopped_by": self.preemption.signal_name or "a peer's signal",
                           "checkpoint": str(path) if path else None})
         self.preemption.record(step, path)
 
+    def _sync_replicas(self, step: int, scheduled: bool = False) -> None:
+        """2D: average the replicas' tables, every N steps and before a checkpoint or an evaluation
+        (which then read one model). A scheduled sync is the step's work: its time counts as the
+        step's `rest` and its bytes in the window; another is left out with what it precedes."""
+        if self.replicas is not None and self.synced_at != step:
+            synced = self.replicas.sync(self.model)
+            self.synced_at = step
+            if scheduled:
+                self.synced_bytes += synced
+                self.timer.lap("rest")
+
+    def _save(self, step: int) -> Path:
+        self._sync_replicas(step)
+        return self.checkpoints.save(step)
+
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
-        record = self.window.record(step, losses)
+        record = self.window.record(step, losses, self.synced_bytes)
+        self.synced_bytes = 0
         self.metrics.log(record)
         if self.tiered is not None:  # every rank's caches, summed over the window
             now = self.tiered.counters()
@@ -163,6 +182,7 @@ class Trainer:
         return record
 
     def _evaluate(self, step: int, pipeline, resume_training: bool) -> dict:
+        self._sync_replicas(step)
         pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
         with self.meter.paused():
             record = {"step": step, **evaluate(self.model, self.eval_data, self.config.eval_batches, self.device, self.world)}

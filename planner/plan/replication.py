@@ -27,7 +27,7 @@ from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes
 from planner.plan.document import Plan, Replication
 from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig
-from planner.spec.errors import ConfigError, InfeasiblePlanError
+from planner.spec.errors import ConfigError, InfeasiblePlanError, PlanFormatError
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import ClusterSpec
 
@@ -66,15 +66,51 @@ def group_cluster(cluster: ClusterSpec, group_size: int) -> ClusterSpec:
                    ssd_bytes_per_node=cluster.ssd_bytes_per_node * per_node // local)
 
 
-def synced_bytes(plan: Plan, optimizer: str) -> int:
-    """What a sync all-reduces on the rank holding the most: its sharded tables' weights and
-    optimizer state (data-parallel tables are all-reduced every step already)."""
+def planned_problem(problem: PlanningProblem, plan: Plan) -> PlanningProblem:
+    """The problem `plan` was made for, in the job `problem` describes: a 2D plan's is one
+    sharding group's. One line where the job cannot run the plan's groups."""
+    rep = plan.replication
+    if rep is None:
+        return problem
+    cluster = problem.cluster
+    if rep.job_world_size != cluster.world_size:
+        raise PlanFormatError(f"plan is 2D for {rep.replicas} replicas of {rep.group_size} ranks ({rep.job_world_size} in all) but the job "
+                              f"has {cluster.world_size}; re-plan with --world-size {cluster.world_size}")
+    if rep.group_size not in group_sizes(cluster):
+        raise PlanFormatError(f"plan's replica groups of {rep.replicas} ranks neither divide a node's {cluster.ranks_per_node} ranks nor "
+                              f"span whole nodes; re-plan with --ranks-per-node {cluster.ranks_per_node}")
+    return replace(problem, cluster=group_cluster(cluster, rep.group_size))
+
+
+def sharding_groups(replication: Replication) -> list[list[int]]:
+    """The job's ranks of each sharding group, in group-rank order (the layout above)."""
+    g, r = replication.group_size, replication.replicas
+    return [[first + r * k for k in range(g)] for first in range(r)]
+
+
+def group_ranks(replication: Replication) -> list[int]:
+    """Each job rank's rank in its sharding group (index = job rank)."""
+    out = [0] * replication.job_world_size
+    for members in sharding_groups(replication):
+        for k, rank in enumerate(members):
+            out[rank] = k
+    return out
+
+
+def synced_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
+    """What a sync all-reduces on each rank of a group: its sharded tables' weights and optimizer
+    state (data-parallel tables are all-reduced every step already)."""
     held = [0] * plan.world_size
     for table in plan.tables.values():
         if table.sharding_type != "data_parallel":
             for s in table.shards:
                 held[s.rank] += rows_bytes(s.rows, s.cols, optimizer)
-    return max(held)
+    return held
+
+
+def synced_bytes(plan: Plan, optimizer: str) -> int:
+    """What a sync all-reduces on the rank holding the most: every replica waits for it."""
+    return max(synced_bytes_per_rank(plan, optimizer))
 
 
 def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec) -> float:
