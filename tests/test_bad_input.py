@@ -3,6 +3,7 @@ commands print it as 'error: ...' and exit 2), and overwrites nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -107,6 +108,18 @@ def trainer_flags(tmp: Path, *flags: str):
     from dlrm_scale.training.flags import check_job, parse_args
 
     return check_job(parse_args(["--config", "configs/tiny.yaml", "--out-dir", str(tmp / "out"), *flags]))
+
+
+def given_2d_plan(tmp: Path, world: int, *flags: str, one_group: bool = False):
+    """`dlrm-scale train --plan` of a plan for 2 replicas of 2 ranks (`one_group`: its group's
+    plan alone) in a job of `world` ranks on one node, as the trainer checks it."""
+
+    plan_cli(tmp, "--world-size", "4", "--ranks-per-node", "4", "--sync-every", "10", "--group-size", "2", "--out", str(tmp / "p.json"))
+    plan = Plan.load(tmp / "p.json")
+    if one_group:
+        plan = dataclasses.replace(plan, replication=None)
+    job = trainer_flags(tmp, "--plan", str(tmp / "p.json"), *flags)
+    return check_given_plan(plan, job, job.on_cluster(world, world, "cpu"))
 
 
 def plan_cli(tmp: Path, *flags: str):
@@ -294,11 +307,12 @@ CASES = [
     ("2D replica groups across part of a node", lambda t: plan_cli(t, "--world-size", "24", "--ranks-per-node", "8", "--sync-every", "10",
                                                                    "--group-size", "8", "--out", str(t / "p.json")),
      "--group-size 8 makes replica groups of 3 ranks, which neither divide a node's 8 ranks nor span whole nodes; use one of 24, 12, 6, 3, 1"),
-    ("2D plan given to a 1D job", lambda t: (plan_cli(t, "--world-size", "4", "--sync-every", "10", "--group-size", "2", "--out",
-                                                      str(t / "p.json")),
-                                             check_given_plan(Plan.load(t / "p.json"), trainer_flags(t, "--plan", str(t / "p.json")), None)),
-     "plan {t}/p.json is 2D (tables sharded over groups of 2 ranks, 2 replicas averaged every 10 steps); dlrm-scale train shards "
-     "over every rank: re-plan without --sync-every, or run it with TorchRec's DMPCollection (GPUs only) in your own code"),
+    ("2D plan given to a job of another size", lambda t: given_2d_plan(t, 8),
+     "plan is 2D for 2 replicas of 2 ranks (4 in all) but the job has 8; re-plan with --world-size 8"),
+    ("one group's plan given to a 1D job", lambda t: given_2d_plan(t, 4, one_group=True),
+     "plan is for 2 ranks but the job has 4; re-plan with --world-size 4"),
+    ("2D plan with --retune", lambda t: given_2d_plan(t, 4, "--retune", "--retune-window", "300"),
+     "plan {t}/p.json is 2D and --retune replans over every rank: drop --retune, or train a 1D plan"),
     ("zero nodes", lambda t: node_count("0"), "--nnodes '0' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
     ("nodes not a number", lambda t: node_count("two"), "--nnodes 'two' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),
     ("elastic range upside down", lambda t: node_count("4:2"), "--nnodes '4:2' must be a positive number of nodes, or MIN:MAX with 1 <= MIN <= MAX"),

@@ -1,0 +1,164 @@
+"""2D sparse parallelism trained (dlrm_scale.bridge.replicas): 4 ranks as 2 replicas of a
+2-rank sharding group. A sync averages each sharded table's shards and optimizer state over
+exactly its replica group and leaves data-parallel tables alone; a job sends and syncs the
+bytes its plan counts, resumes from its own checkpoint, and its checkpoint loads under
+a 1D plan with the tables as saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm_scale.tools.launch import run_on_ranks
+from planner.plan.document import Plan
+from planner.plan.replication import synced_bytes_per_rank
+
+pytestmark = pytest.mark.distributed
+
+MODEL = """
+hardware: cpu_gloo
+training: {batch_size_per_rank: 64, embedding_optimizer: rowwise_adagrad}
+tables:
+  - {name: t_large, num_embeddings: 20000, embedding_dim: 32, pooling_factor: 4.0, zipf_exponent: 1.05}
+  - {name: t_medium, num_embeddings: 5000, embedding_dim: 32, pooling_factor: 2.0, zipf_exponent: 1.05}
+  - {name: t_small, num_embeddings: 1000, embedding_dim: 32, pooling_factor: 1.0}
+  - {name: t_tiny, num_embeddings: 100, embedding_dim: 32, pooling_factor: 1.0}
+model: {arch: dlrm, num_dense_features: 13, dense_arch: [32, 16], over_arch: [32, 1]}
+train: {eval_every: 0, embedding_lr: 0.05, dense_lr: 0.05}
+cluster: {world_size: 4, ranks_per_node: 4}
+constraints:  # every kind of shard a sync meets: rows, columns, a whole table, and a data-parallel one it leaves alone
+  tables:
+    - {match: t_large, schemes: [row_wise]}
+    - {match: t_medium, schemes: [column_wise], max_shards: 2}
+    - {match: t_small, schemes: [table_wise]}
+    - {match: t_tiny, schemes: [data_parallel]}
+"""
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dlrm_scale.cli", *args]
+
+
+def make_plan(config: Path, out: Path, *args: str) -> Plan:
+    r = subprocess.run(cli("plan", str(config), "--out", str(out), *args), capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    return Plan.load(out)
+
+
+def export(config: Path, checkpoint: Path, out: Path) -> dict:
+    r = subprocess.run(cli("export", str(checkpoint), "--config", str(config), "--out", str(out)), capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0, r.stderr
+    return torch.load(out, weights_only=True)["state_dict"]
+
+
+def windows(out_dir: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "comm_bytes" in r]
+
+
+def _synced(rank, world, config, plan_path):
+    """Each rank's shards set to its own rank (state: 10x), the data-parallel table to 7 + rank, then
+    one sync: what every rank then holds, gathered on rank 0."""
+    import torch.distributed as dist
+
+    from dlrm_scale.bridge.replicas import ReplicaGroups
+    from dlrm_scale.bridge.resident import embedding_kernels
+    from dlrm_scale.run_config import load_run_config
+    from dlrm_scale.training.build import build_sharded_model
+
+    run = load_run_config(config)
+    plan = Plan.load(plan_path)
+    replicas = ReplicaGroups(plan, "cpu")
+    model = build_sharded_model(run.problem, plan, run.model, 0.05, torch.device("cpu"), replicas=replicas, ranks_per_node=world)
+    with torch.no_grad():
+        for kernel in embedding_kernels(model):
+            dp = kernel.config.embedding_tables[0].name == "t_tiny"
+            for w in kernel.emb_module.split_embedding_weights():
+                w.fill_(7.0 + rank if dp else float(rank))
+            for states in [] if dp else kernel.emb_module.split_optimizer_states():  # a dense optimizer's, elsewhere
+                for s in states:
+                    s.fill_(10.0 * rank)
+    synced = replicas.sync(model)
+    held = {}
+    for kernel in embedding_kernels(model):
+        weights = kernel.emb_module.split_embedding_weights()
+        dp = kernel.config.embedding_tables[0].name == "t_tiny"
+        states = [[]] * len(weights) if dp else kernel.emb_module.split_optimizer_states()
+        for t, w, s in zip(kernel.config.embedding_tables, weights, states):
+            held[(t.name, t.local_metadata.shard_offsets[1] if t.local_metadata else 0)] = (
+                sorted(set(w.flatten().tolist())), sorted({v for x in s for v in x.flatten().tolist()}))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (replicas.job_ranks, synced, held))
+    return gathered
+
+
+def test_sync_averages_every_sharded_table_over_its_replica_group_alone(tmp_path):
+    config = tmp_path / "two_d.yaml"
+    config.write_text(MODEL)
+    plan = make_plan(config, tmp_path / "p.json", "--sync-every", "1", "--group-size", "2")
+    assert plan.replication.group_size == 2 and plan.replication.replicas == 2
+    per_group_rank = synced_bytes_per_rank(plan, "rowwise_adagrad")
+    result = run_on_ranks(_synced, 4, str(config), str(tmp_path / "p.json"))
+    for rank, (job_ranks, synced, held) in enumerate(result):
+        # DMPCollection's layout: sharding groups [0, 2] and [1, 3]; replica groups [0, 1] and [2, 3]
+        assert job_ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
+        replica_mean = 0.5 if rank < 2 else 2.5
+        assert synced == per_group_rank[rank // 2]  # exactly what the plan prices the sync with
+        sharded = {k: v for k, v in held.items() if k[0] != "t_tiny"}
+        assert sharded, "every rank holds a sharded table in this plan"
+        for key, (weights, states) in sharded.items():
+            assert weights == [replica_mean] and states == [10 * replica_mean], (rank, key)
+        assert held[("t_tiny", 0)][0] == [7.0 + rank]  # data-parallel: all-reduced with the dense layers, never here
+
+
+def test_a_2d_job_counts_what_its_plan_does_resumes_and_loads_under_1d(tmp_path):
+    config = tmp_path / "two_d.yaml"
+    config.write_text(MODEL)
+    plan = make_plan(config, tmp_path / "p2d.json", "--sync-every", "5", "--group-size", "2")
+
+    def train(out: str, *args: str) -> list[dict]:
+        r = subprocess.run(cli("train", "--nproc-per-node", "4", "--config", str(config), "--plan", str(tmp_path / "p2d.json"),
+                               "--steps", "20", "--checkpoint-dir", str(tmp_path / out / "checkpoints"), "--checkpoint-every", "10",
+                               "--deterministic", "--out-dir", str(tmp_path / out), *args),
+                           capture_output=True, text=True, env=ENV, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return windows(tmp_path / out)
+
+    trained = train("first")
+    assert [w["step"] for w in trained] == list(range(1, 21))  # --deterministic logs every step
+    for w in trained:
+        assert w["comm_bytes"] == w["comm_bytes_predicted"], w["step"]
+    # the syncs (steps 5, 10, 15, 20) moved what the plan's per-step share adds up to, on every rank
+    measured = [sum(w["replica_sync_bytes"][r] for w in trained) for r in range(4)]
+    predicted = [sum(w["replica_sync_bytes_predicted"][r] for w in trained) for r in range(4)]
+    assert measured == pytest.approx(predicted, rel=1e-9) and min(measured) > 0
+    assert [bool(w["replica_sync_bytes"][0]) for w in trained] == [s % 5 == 0 for s in range(1, 21)]
+
+    # resumed from its step-10 checkpoint (taken after a sync), the job repeats steps 11-20: the same
+    # model at step 20 to the last bit or two (on 4 gloo ranks a resumed job's sums round differently
+    # from the uninterrupted job's, 1D jobs' too; state left out of a checkpoint differs by far more)
+    shutil.copytree(tmp_path / "first" / "checkpoints" / "step_000000010", tmp_path / "resumed" / "checkpoints" / "step_000000010")
+    resumed = train("resumed", "--resume-from", "10")
+    assert [w["loss"] for w in resumed] == pytest.approx([w["loss"] for w in trained[10:]], rel=1e-6)
+    exported, again = (export(config, tmp_path / run / "checkpoints" / "step_000000020", tmp_path / f"{run}.pt") for run in ("first", "resumed"))
+    assert exported.keys() == again.keys()
+    for key in exported:
+        assert torch.allclose(exported[key], again[key], rtol=0, atol=2e-7), key
+
+    # and the step-20 checkpoint loads under a 1D plan for the same ranks, every table as saved
+    one_d = make_plan(config, tmp_path / "p1d.json")
+    assert one_d.replication is None
+    saved = tmp_path / "first" / "checkpoints" / "step_000000020"
+    from tests.test_multinode import _restored_tables
+
+    restored = run_on_ranks(_restored_tables, 4, str(config), str(tmp_path / "p1d.json"), str(saved), str(tmp_path / "restore"))
+    assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny"}
+    for name, table in restored.items():
+        assert torch.equal(table, next(v for k, v in exported.items() if k.endswith(f".{name}.weight"))), name
