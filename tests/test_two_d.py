@@ -121,7 +121,7 @@ def test_sync_averages_every_sharded_table_over_its_replica_group_alone(tmp_path
 def test_a_2d_job_counts_what_its_plan_does_resumes_and_loads_under_1d(tmp_path):
     config = tmp_path / "two_d.yaml"
     config.write_text(MODEL)
-    plan = make_plan(config, tmp_path / "p2d.json", "--sync-every", "5", "--group-size", "2")
+    assert make_plan(config, tmp_path / "p2d.json", "--sync-every", "5", "--group-size", "2").replication.sync_every_steps == 5
 
     def train(out: str, *args: str) -> list[dict]:
         r = subprocess.run(cli("train", "--nproc-per-node", "4", "--config", str(config), "--plan", str(tmp_path / "p2d.json"),
