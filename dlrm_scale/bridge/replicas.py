@@ -49,23 +49,15 @@ class ReplicaGroups:
     @torch.no_grad()
     def sync(self, model: torch.nn.Module) -> int:
         """Average this rank's shards of every sharded table, and their optimizer state, with its
-        replicas' (the same shards in every replica group): one all-reduce per dtype. Returns the
-        bytes this rank contributed."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        replicas' (the same shards in every replica group), in place: a table's shard is as large as
+        the memory a rank has to spare, so no copy is made. Returns the bytes this rank contributed."""
+        synced = 0
         for kernel in embedding_kernels(model):
             if {t.name for t in kernel.config.embedding_tables} <= self.replicated_tables:
                 continue  # data-parallel: all-reduced every step with the dense layers
             module = kernel.emb_module
             for t in (*module.split_embedding_weights(), *(s for states in module.split_optimizer_states() for s in states)):
-                by_dtype.setdefault(t.dtype, []).append(t)
-        synced = 0
-        for tensors in by_dtype.values():
-            flat = torch.cat([t.reshape(-1) for t in tensors])
-            dist.all_reduce(flat, group=self.replica_pg)  # a sum: gloo has no average
-            flat /= self.replicas
-            offset = 0
-            for t in tensors:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
-            synced += flat.numel() * flat.element_size()
+                dist.all_reduce(t, group=self.replica_pg)  # a sum: gloo has no average
+                t /= self.replicas
+                synced += t.numel() * t.element_size()
         return synced
