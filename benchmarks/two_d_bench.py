@@ -2,6 +2,10 @@
 
     python -m benchmarks.two_d_bench [--models tiny,embedding_bound] [--steps 300] [--seeds 1,2,3]
 
+On 2 cores the embedding-bound model's sync every step (1.8 GB a rank over gloo) takes ~4.5 s,
+so its N = 1 run takes ~20 minutes: `--models embedding_bound --seeds 1` measures it alone,
+beside the models already in the file.
+
 Each model on 4 CPU ranks (one node), the same global batch of every step whatever the plan:
 the 1D plan over all 4 ranks, and 2D plans of 2 replicas of a 2-rank sharding group averaged
 every N = 1 and N = 10 steps, each a real `torchrun ... dlrm_scale.train --deterministic` job
@@ -84,26 +88,29 @@ def main() -> int:
     parser.add_argument("--seeds", default="1,2,3")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    doc = {"provenance": provenance(), "steps": args.steps, "ranks": WORLD, "group_size": GROUP, "seeds": seeds, "models": {}}
+    # models measured by another invocation stay (each with its own provenance and seeds)
+    doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if (doc.get("steps"), doc.get("ranks"), doc.get("group_size")) != (args.steps, WORLD, GROUP):
+        doc = {"steps": args.steps, "ranks": WORLD, "group_size": GROUP, "models": {}}
     variants = ["1d", *(f"2d_sync_every_{n}" for n in SYNC_EVERY)]
     for model in args.models.split(","):
         config = MODELS[model]
         batch = load_problem(config).training.batch_size_per_rank // 2  # the global batch of 2 ranks at the config's batch
         with tempfile.TemporaryDirectory() as d:
             plans = dict(zip(variants, (planned(model, config, batch, n, Path(d)) for n in (None, *SYNC_EVERY))))
-            schemes = {v: _schemes(Plan.load(p)) for v, p in plans.items()}
             runs: dict[str, list[dict]] = {v: [] for v in variants}
+            result = doc["models"][model] = {"provenance": provenance(), "seeds": seeds, "global_batch": batch * WORLD,
+                                             "schemes": {v: _schemes(Plan.load(p)) for v, p in plans.items()}, "runs": runs}
             for i, seed in enumerate(seeds):
                 for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
                     run = train(config, plans[variant], args.steps, batch, seed)
                     runs[variant].append({"seed": seed, **run})
                     print(f"{model} seed {seed} {variant}: AUC {run['auc']:.4f} logloss {run['logloss']:.4f} "
                           f"{run['samples_per_s']:,.0f} samples/s ({run['wall_s']} s)", flush=True)
-        doc["models"][model] = {"global_batch": batch * WORLD, "schemes": schemes, "runs": runs,
-                                "auc_diff_vs_1d": {v: [round(r["auc"] - a["auc"], 6) for r, a in zip(runs[v], runs["1d"])]
-                                                   for v in variants[1:]}}
-        print(json.dumps(doc["models"][model]["auc_diff_vs_1d"]), flush=True)
-        write_result(RESULTS, doc)  # after each model: a stopped run keeps what it measured
+                    result["auc_diff_vs_1d"] = {v: [round(r["auc"] - a["auc"], 6) for r, a in zip(runs[v], runs["1d"])]
+                                                for v in variants[1:]}
+                    write_result(RESULTS, doc)  # after each run: a stopped run keeps what it measured
+        print(json.dumps(result["auc_diff_vs_1d"]), flush=True)
     return 0
 
 
