@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -54,7 +54,7 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
     cpu_kernel = install_cpu_adagrad(run.problem.training.embedding_optimizer) if ours_on_cpu else None
     replicas = ReplicaGroups(plan, device.type) if plan.replication is not None else None
     model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir, train.interaction,
-                                replicas, run.problem.cluster.ranks_per_node if replicas is not None else None)
+                                replicas, run.problem.cluster.ranks_per_node if replicas is not None else None, train.deterministic)
     timer = PhaseTimer()
     instrument(model, timer)
     tiered = None
@@ -74,19 +74,26 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,
                         store_dir: str | None = None, interaction: str = "torchrec", replicas: ReplicaGroups | None = None,
-                        ranks_per_node: int | None = None) -> DistributedModelParallel:
+                        ranks_per_node: int | None = None, deterministic: bool = False) -> DistributedModelParallel:
     """DMP over `plan`; a 2D plan over its sharding group (`replicas`, on nodes of `ranks_per_node`).
     On CPU, cached tables are sharded as their resident caches (see dlrm_scale.bridge.resident);
-    on CUDA they keep FBGEMM's caching kernels."""
+    on CUDA they keep FBGEMM's caching kernels. `deterministic`: DDP keeps its first gradient
+    buckets (see below)."""
     tables = resident_tables(problem.tables, plan) if device.type == "cpu" else problem.tables
     model = build_model(tables, model_config, device, interaction=interaction)
     optimizer_cls, kwargs = fused_optimizer(problem.training.embedding_optimizer, lr)
     apply_optimizer_in_backward(optimizer_cls, model.model.sparse_arch.parameters(), kwargs)
     tr = problem.training
     job_ranks = replicas.job_ranks if replicas is not None else None
+    # DDP regroups the dense gradients into new buckets after a process's first step, and on 3 or
+    # more ranks a bucket's layout decides each sum's order: a job resumed at step k summed step
+    # k+1 otherwise than the job that never stopped, one rounding apart. Without regrouping (DDP
+    # does not regroup when it looks for unused parameters) every step sums alike in every process.
+    wrapper = DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True) if deterministic else None
     return DistributedModelParallel(
         model,
         env=replicas.env() if replicas is not None else None,
+        data_parallel_wrapper=wrapper,
         device=device,
         plan=to_sharding_plan(plan, device.type, EMBEDDING_MODULE_PATH, store_dir, job_ranks, ranks_per_node),
         sharders=[sharder_for(tr.fwd_comm_precision, tr.bwd_comm_precision, tuple(s.cols for t in plan.tables.values() for s in t.shards))],
