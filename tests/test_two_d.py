@@ -68,6 +68,7 @@ def _synced(rank, world, config, plan_path):
     one sync: what every rank then holds, gathered on rank 0."""
     import torch.distributed as dist
 
+    from dlrm_scale.bridge import replicas as replicas_module
     from dlrm_scale.bridge.replicas import ReplicaGroups
     from dlrm_scale.bridge.resident import embedding_kernels
     from dlrm_scale.run_config import load_run_config
@@ -85,6 +86,7 @@ def _synced(rank, world, config, plan_path):
             for states in [] if dp else kernel.emb_module.split_optimizer_states():  # a dense optimizer's, elsewhere
                 for s in states:
                     s.fill_(10.0 * rank)
+    replicas_module.COALESCE_BYTES = 100_000  # both ways: t_large's weights alone, in place; the rest several to a call
     synced = replicas.sync(model)
     held = {}
     for kernel in embedding_kernels(model):

@@ -24,6 +24,10 @@ from dlrm_scale.bridge.resident import embedding_kernels
 from planner.plan.document import Plan
 from planner.plan.replication import sharding_groups
 
+# Shards and states below this are averaged several to an all-reduce (one call each would cost
+# its latency many times over); larger ones alone, in place, with no copy.
+COALESCE_BYTES = 16 << 20
+
 
 class ReplicaGroups:
     """This rank's sharding group and replica group (created collectively: every rank builds one)."""
@@ -49,15 +53,32 @@ class ReplicaGroups:
     @torch.no_grad()
     def sync(self, model: torch.nn.Module) -> int:
         """Average this rank's shards of every sharded table, and their optimizer state, with its
-        replicas' (the same shards in every replica group), in place: a table's shard is as large as
-        the memory a rank has to spare, so no copy is made. Returns the bytes this rank contributed."""
-        synced = 0
+        replicas' (the same shards in every replica group). Returns the bytes this rank contributed."""
+        synced, batch = 0, []
         for kernel in embedding_kernels(model):
             if {t.name for t in kernel.config.embedding_tables} <= self.replicated_tables:
                 continue  # data-parallel: all-reduced every step with the dense layers
             module = kernel.emb_module
             for t in (*module.split_embedding_weights(), *(s for states in module.split_optimizer_states() for s in states)):
-                dist.all_reduce(t, group=self.replica_pg)  # a sum: gloo has no average
-                t /= self.replicas
                 synced += t.numel() * t.element_size()
+                if t.numel() * t.element_size() >= COALESCE_BYTES:
+                    self._average([t])  # in place: a large shard is as large as a rank's spare memory allows
+                    continue
+                if batch and (batch[0].dtype != t.dtype or sum(b.numel() for b in batch) * t.element_size() >= COALESCE_BYTES):
+                    self._average(batch)
+                    batch = []
+                batch.append(t)
+        if batch:
+            self._average(batch)
         return synced
+
+    def _average(self, tensors: list[torch.Tensor]) -> None:
+        """One all-reduce for `tensors` (of one dtype), each averaged in place."""
+        flat = tensors[0] if len(tensors) == 1 else torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.replica_pg)  # a sum: gloo has no average
+        flat /= self.replicas
+        if len(tensors) > 1:
+            offset = 0
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
