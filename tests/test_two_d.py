@@ -6,11 +6,8 @@ a 1D plan with the tables as saved."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,20 +16,12 @@ import torch
 from dlrm_scale.tools.launch import run_on_ranks
 from planner.plan.document import Plan
 from planner.plan.replication import synced_bytes_per_rank
+from tests.test_multinode import ENV, MODEL, _restored_tables, cli, windows
+from tests.test_multinode import plan as make_plan
 
 pytestmark = pytest.mark.distributed
 
-MODEL = """
-hardware: cpu_gloo
-training: {batch_size_per_rank: 64, embedding_optimizer: rowwise_adagrad}
-tables:
-  - {name: t_large, num_embeddings: 20000, embedding_dim: 32, pooling_factor: 4.0, zipf_exponent: 1.05}
-  - {name: t_medium, num_embeddings: 5000, embedding_dim: 32, pooling_factor: 2.0, zipf_exponent: 1.05}
-  - {name: t_small, num_embeddings: 1000, embedding_dim: 32, pooling_factor: 1.0}
-  - {name: t_tiny, num_embeddings: 100, embedding_dim: 32, pooling_factor: 1.0}
-model: {arch: dlrm, num_dense_features: 13, dense_arch: [32, 16], over_arch: [32, 1]}
-train: {eval_every: 0, embedding_lr: 0.05, dense_lr: 0.05}
-cluster: {world_size: 4, ranks_per_node: 4}
+TWO_D = MODEL + """cluster: {world_size: 4, ranks_per_node: 4}
 constraints:  # every kind of shard a sync meets: rows, columns, a whole table, and a data-parallel one it leaves alone
   tables:
     - {match: t_large, schemes: [row_wise]}
@@ -40,27 +29,12 @@ constraints:  # every kind of shard a sync meets: rows, columns, a whole table, 
     - {match: t_small, schemes: [table_wise]}
     - {match: t_tiny, schemes: [data_parallel]}
 """
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dlrm_scale.cli", *args]
-
-
-def make_plan(config: Path, out: Path, *args: str) -> Plan:
-    r = subprocess.run(cli("plan", str(config), "--out", str(out), *args), capture_output=True, text=True, env=ENV)
-    assert r.returncode == 0, r.stderr
-    return Plan.load(out)
 
 
 def export(config: Path, checkpoint: Path, out: Path) -> dict:
     r = subprocess.run(cli("export", str(checkpoint), "--config", str(config), "--out", str(out)), capture_output=True, text=True, env=ENV)
     assert r.returncode == 0, r.stderr
     return torch.load(out, weights_only=True)["state_dict"]
-
-
-def windows(out_dir: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "comm_bytes" in r]
 
 
 def _synced(rank, world, config, plan_path):
@@ -103,7 +77,7 @@ def _synced(rank, world, config, plan_path):
 
 def test_sync_averages_every_sharded_table_over_its_replica_group_alone(tmp_path):
     config = tmp_path / "two_d.yaml"
-    config.write_text(MODEL)
+    config.write_text(TWO_D)
     plan = make_plan(config, tmp_path / "p.json", "--sync-every", "1", "--group-size", "2")
     assert plan.replication.group_size == 2 and plan.replication.replicas == 2
     per_group_rank = synced_bytes_per_rank(plan, "rowwise_adagrad")
@@ -122,7 +96,7 @@ def test_sync_averages_every_sharded_table_over_its_replica_group_alone(tmp_path
 
 def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(tmp_path):
     config = tmp_path / "two_d.yaml"
-    config.write_text(MODEL)
+    config.write_text(TWO_D)
     assert make_plan(config, tmp_path / "p2d.json", "--sync-every", "5", "--group-size", "2").replication.sync_every_steps == 5
 
     def train(out: str, *args: str) -> list[dict]:
@@ -155,8 +129,6 @@ def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(t
     one_d = make_plan(config, tmp_path / "p1d.json")
     assert one_d.replication is None
     saved = tmp_path / "first" / "checkpoints" / "step_000000020"
-    from tests.test_multinode import _restored_tables
-
     restored = run_on_ranks(_restored_tables, 4, str(config), str(tmp_path / "p1d.json"), str(saved), str(tmp_path / "restore"))
     assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny"}
     for name, table in restored.items():
