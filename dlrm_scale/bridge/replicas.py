@@ -38,7 +38,6 @@ class ReplicaGroups:
         self.mesh = DeviceMesh(device_type, sharding_groups(rep), mesh_dim_names=("replicate", "shard"))
         self.sharding_pg, self.replica_pg = self.mesh.get_group("shard"), self.mesh.get_group("replicate")
         self.job_ranks = dist.get_process_group_ranks(self.sharding_pg)  # group rank k -> job rank
-        self.group_rank = self.job_ranks.index(dist.get_rank())
         # node-local sub-groups of a sharding group (table-row-wise, grid): its ranks on one node
         self.node_group_size = plan.ranks_per_node
         self.replicated_tables = {n for n, t in plan.tables.items() if t.sharding_type == "data_parallel"}
