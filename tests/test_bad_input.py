@@ -113,7 +113,6 @@ def trainer_flags(tmp: Path, *flags: str):
 def given_2d_plan(tmp: Path, world: int, *flags: str, one_group: bool = False):
     """`dlrm-scale train --plan` of a plan for 2 replicas of 2 ranks (`one_group`: its group's
     plan alone) in a job of `world` ranks on one node, as the trainer checks it."""
-
     plan_cli(tmp, "--world-size", "4", "--ranks-per-node", "4", "--sync-every", "10", "--group-size", "2", "--out", str(tmp / "p.json"))
     plan = Plan.load(tmp / "p.json")
     if one_group:

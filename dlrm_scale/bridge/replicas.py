@@ -53,20 +53,22 @@ class ReplicaGroups:
     def sync(self, model: torch.nn.Module) -> int:
         """Average this rank's shards of every sharded table, and their optimizer state, with its
         replicas' (the same shards in every replica group). Returns the bytes this rank contributed."""
-        synced, batch = 0, []
+        synced, batch, batch_bytes = 0, [], 0
         for kernel in embedding_kernels(model):
             if {t.name for t in kernel.config.embedding_tables} <= self.replicated_tables:
                 continue  # data-parallel: all-reduced every step with the dense layers
             module = kernel.emb_module
             for t in (*module.split_embedding_weights(), *(s for states in module.split_optimizer_states() for s in states)):
-                synced += t.numel() * t.element_size()
-                if t.numel() * t.element_size() >= COALESCE_BYTES:
+                size = t.numel() * t.element_size()
+                synced += size
+                if size >= COALESCE_BYTES:
                     self._average([t])  # in place: a large shard is as large as a rank's spare memory allows
                     continue
-                if batch and (batch[0].dtype != t.dtype or sum(b.numel() for b in batch) * t.element_size() >= COALESCE_BYTES):
+                if batch and (batch[0].dtype != t.dtype or batch_bytes >= COALESCE_BYTES):
                     self._average(batch)
-                    batch = []
+                    batch, batch_bytes = [], 0
                 batch.append(t)
+                batch_bytes += size
         if batch:
             self._average(batch)
         return synced
