@@ -85,7 +85,7 @@ def test_an_infeasible_set_names_its_smallest_conflicting_subset():
     ({"tables": [{"match": "cat_9", "max_shards": 2}]}, "constraints: tables[0]: 'cat_9' matches no table; check the name or pattern"),
     ({"tables": [{"match": "cat_0", "schemes": ["diagonal"]}]},
      "constraints: tables[0]: schemes must be a list of data_parallel, table_wise, column_wise, row_wise, table_row_wise, "
-     "table_column_wise; got ['diagonal']"),
+     "table_column_wise, grid_shard; got ['diagonal']"),
     ({"tables": [{"match": "cat_0"}]},
      "constraints: tables[0]: constrains nothing; give schemes, kernels, tiers, max_shards, min_shard_cols, cache_load_factors, ranks or nodes"),
     ({"tables": [{"match": "cat_0", "min_shard_cols": 0}]}, "constraints: tables[0]: min_shard_cols must be a positive integer, got 0"),

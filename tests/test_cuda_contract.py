@@ -27,9 +27,9 @@ from planner.spec.specs import TableSpec
 from planner.spec.types import ShardingType
 
 WORLD, LOCAL = 4, 2
-SCHEMES = {  # scheme -> ranks of its shards (row-wise: every rank; hierarchical: one node's)
+SCHEMES = {  # scheme -> ranks of its shards (row-wise: every rank; hierarchical: one node's; grid: a node's a column block)
     ShardingType.TABLE_WISE: [3], ShardingType.COLUMN_WISE: [2, 0], ShardingType.TABLE_COLUMN_WISE: [2, 3],
-    ShardingType.ROW_WISE: [0, 1, 2, 3], ShardingType.TABLE_ROW_WISE: [2, 3],
+    ShardingType.ROW_WISE: [0, 1, 2, 3], ShardingType.TABLE_ROW_WISE: [2, 3], ShardingType.GRID_SHARD: [2, 3, 0, 1],
 }
 KERNELS = {"fused": ("hbm", None), "fused_uvm_caching": ("ddr", 0.25), "key_value": ("ssd", 0.5)}
 
@@ -37,7 +37,7 @@ KERNELS = {"fused": ("hbm", None), "fused_uvm_caching": ("ddr", 0.25), "key_valu
 def plan_of(scheme: ShardingType, kernel: str) -> tuple[Plan, dict]:
     tier, load_factor = KERNELS[kernel]
     t = TableSpec("t", 10_001, 32)
-    table = table_layout(t, scheme, SCHEMES[scheme], tier, load_factor)
+    table = table_layout(t, scheme, SCHEMES[scheme], tier, load_factor, LOCAL)
     assert table.compute_kernel == kernel
     return Plan(WORLD, LOCAL, {"t": table}, (), 0.0, 0.0), {"t": (t.num_embeddings, t.embedding_dim)}
 

@@ -27,6 +27,7 @@ tables:
   - {name: t_medium, num_embeddings: 5000, embedding_dim: 32, pooling_factor: 2.0, zipf_exponent: 1.05}
   - {name: t_small, num_embeddings: 1000, embedding_dim: 32, pooling_factor: 1.0}
   - {name: t_tiny, num_embeddings: 100, embedding_dim: 32, pooling_factor: 1.0}
+  - {name: t_grid, num_embeddings: 8000, embedding_dim: 32, pooling_factor: 3.0, zipf_exponent: 1.05}
 model: {arch: dlrm, num_dense_features: 13, dense_arch: [32, 16], over_arch: [32, 1]}
 train: {eval_every: 0, embedding_lr: 0.05, dense_lr: 0.05}
 """
@@ -35,13 +36,14 @@ constraints:  # the node-local schemes
   tables:
     - {match: t_large, schemes: [table_row_wise]}
     - {match: t_medium, schemes: [table_column_wise], max_shards: 2}
+    - {match: t_grid, schemes: [grid_shard]}
     - {match: "t_[st]*", schemes: [table_wise]}
 """
 ONE_NODE = MODEL + """cluster: {world_size: 4, ranks_per_node: 4}
 constraints:  # the same column split: row-wise Adagrad's state is per column shard, so it is part of the model
   tables:
     - {match: t_large, schemes: [row_wise]}
-    - {match: t_medium, schemes: [column_wise], max_shards: 2}
+    - {match: "t_[mg]*", schemes: [column_wise], max_shards: 2}
     - {match: "t_[st]*", schemes: [table_wise]}
 """
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -80,7 +82,8 @@ def test_two_nodes_train_node_local_schemes_and_resume_on_one(tmp_path):
     config.write_text(TWO_NODES)
     one_node.write_text(ONE_NODE)
     two_by_two = plan(config, tmp_path / "plan_2x2.json")
-    assert [two_by_two.tables[t].sharding_type for t in ("t_large", "t_medium")] == ["table_row_wise", "table_column_wise"]
+    assert [two_by_two.tables[t].sharding_type for t in ("t_large", "t_medium", "t_grid")] == [
+        "table_row_wise", "table_column_wise", "grid_shard"]
     checkpoints = tmp_path / "checkpoints"  # one directory both nodes write to, as on a shared file system
     port = free_port()
     agents = [subprocess.Popen(cli("train", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -109,7 +112,7 @@ def test_two_nodes_train_node_local_schemes_and_resume_on_one(tmp_path):
     assert r.returncode == 0, r.stderr
     exported = torch.load(tmp_path / "model.pt", weights_only=True)["state_dict"]
     restored = run_on_ranks(_restored_tables, 4, str(one_node), str(tmp_path / "plan_1x4.json"), str(saved), str(tmp_path / "restore"))
-    assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny"}
+    assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny", "t_grid"}
     for name, table in restored.items():
         assert torch.equal(table, next(v for k, v in exported.items() if k.endswith(f".{name}.weight"))), name
 

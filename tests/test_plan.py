@@ -94,6 +94,28 @@ def test_row_wise_blocks_must_follow_rank_order(plan_doc):
         Plan.from_dict(doc)
 
 
+def grid_doc(plan_doc, ranks, rows=(500, 500)):
+    """Table b as a grid of two 8-column blocks, shard i of block c at [block c rows, ...] on ranks[2c + i]."""
+    doc = copy.deepcopy(plan_doc)
+    offsets = [0, rows[0]]
+    doc["tables"]["b"] = {
+        "sharding_type": "grid_shard", "compute_kernel": "fused", "num_embeddings": 1000, "embedding_dim": 16,
+        "shards": [{"rank": ranks[2 * c + i], "row_offset": offsets[i], "col_offset": 8 * c, "rows": rows[i], "cols": 8, "tier": "hbm"}
+                   for c in range(2) for i in range(2)],
+    }
+    return doc
+
+
+def test_a_grid_puts_each_column_block_on_a_node_of_its_own(plan_doc):
+    assert Plan.from_dict(grid_doc(plan_doc, [2, 3, 0, 1])).tables["b"].sharding_type == "grid_shard"
+    for ranks in ([0, 1, 0, 1], [1, 0, 2, 3], [0, 2, 1, 3]):  # one node twice; row blocks out of local order; across nodes
+        with pytest.raises(PlanFormatError, match="grid_shard table 'b' must put each column block's row block i on local rank i") as e:
+            Plan.from_dict(grid_doc(plan_doc, ranks))
+        assert "\n" not in str(e.value)
+    with pytest.raises(PlanFormatError, match=r"row blocks of 500 rows \(ceil of 1000 / 2\), as TorchRec cuts them"):
+        Plan.from_dict(grid_doc(plan_doc, [0, 1, 2, 3], rows=(600, 400)))
+
+
 def test_missing_and_broken_files(tmp_path):
     with pytest.raises(PlanFormatError, match="does not exist"):
         Plan.load(tmp_path / "nope.json")

@@ -48,6 +48,8 @@ def test_column_split_counts_keep_width_aligned():
     assert column_split_counts(48, 64) == [2, 3, 4, 6, 12]
     with pytest.raises(ValueError):
         shard_geometry(TableSpec("t", 5, 16), ShardingType.COLUMN_WISE, 3)
+    with pytest.raises(ValueError, match="not whole column blocks"):
+        shard_geometry(TableSpec("t", 5, 16), ShardingType.GRID_SHARD, 5, 2)
 
 
 def test_shard_counts_per_cluster_shape():
@@ -59,3 +61,19 @@ def test_shard_counts_per_cluster_shape():
     assert shard_counts(t, ShardingType.ROW_WISE, two_nodes) == [8]
     assert shard_counts(t, ShardingType.TABLE_COLUMN_WISE, two_nodes) == [2, 4]
     assert shard_counts(t, ShardingType.COLUMN_WISE, two_nodes) == [2, 4, 8]
+    assert shard_counts(t, ShardingType.GRID_SHARD, one_node) == []
+    assert shard_counts(t, ShardingType.GRID_SHARD, two_nodes) == [8]  # two column blocks, a node's 4 row blocks each
+    assert shard_counts(t, ShardingType.GRID_SHARD, make_cluster(num_nodes=4, ranks_per_node=2)) == [4, 8]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 300), dim4=st.integers(1, 16), local=st.integers(2, 8), nodes=st.integers(2, 4))
+def test_a_grid_is_column_blocks_each_cut_into_a_nodes_row_blocks(rows, dim4, local, nodes):
+    t = TableSpec("t", rows, 4 * dim4)
+    for k in column_split_counts(t.embedding_dim, nodes):
+        geoms = shard_geometry(t, ShardingType.GRID_SHARD, k * local, local)
+        assert np.all(coverage(t, geoms) == 1)
+        for c in range(k):  # block c: row blocks as TorchRec cuts them over a node, one column block wide
+            block = geoms[c * local:(c + 1) * local]
+            assert [(g.row_offset, g.rows) for g in block] == row_blocks(rows, local)
+            assert {(g.col_offset, g.cols) for g in block} == {(c * t.embedding_dim // k, t.embedding_dim // k)}

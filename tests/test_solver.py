@@ -8,6 +8,7 @@ from planner.search.candidates import enumerate_options
 from planner.cost.cost_model import AnalyticCostModel
 from planner.spec.errors import InfeasiblePlanError
 from planner.search.phase_balance import phase_loads
+from planner.plan.document import Plan
 from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig, solve
 from planner.spec.specs import TableSpec, TieringSpec
@@ -27,9 +28,9 @@ def brute_force_peak(options_by_table, cluster, allowed=None, apart=()) -> float
         n = len(o.shards)
         if o.placement is Placement.EVERY_RANK:
             yield list(range(world))
-        elif o.placement is Placement.NODE_RANKS:
-            for node in range(cluster.num_nodes):
-                yield [node * local + i for i in range(n)]
+        elif o.placement is Placement.NODE_RANKS:  # a node per column block: any of them, in any order
+            for nodes in itertools.permutations(range(cluster.num_nodes), o.nodes_taken):
+                yield o.ranks_on_nodes(nodes, local)
         elif o.placement is Placement.ONE_NODE:
             for node in range(cluster.num_nodes):
                 yield from (list(p) for p in itertools.product(range(node * local, (node + 1) * local), repeat=n))
@@ -76,6 +77,28 @@ def test_solver_finds_the_brute_force_optimum(tables, ranks, device):
     solution = solve(options, problem.cluster, SolverConfig(time_limit_s=5))
     assert solution.max_rank_ms == pytest.approx(optimum, rel=1e-3)
     assert solution.lower_bound_ms <= optimum * (1 + 1e-9)
+
+
+def test_a_grid_is_chosen_where_it_is_the_optimum():
+    """Three nodes of two ranks: the heaviest table's best layout is a grid, one column block on
+    each of two nodes, each block's row blocks over its node (no other scheme comes within 5%);
+    the next table's row blocks take the third node."""
+    cluster = make_cluster(num_nodes=3, ranks_per_node=2)
+    problem = make_problem([table("big", 2_000_000, 8, 40.0), table("mid", 500_000, 8, 20.0), table("small", 1000, 8, 1.0)],
+                           cluster, batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, cluster)
+    no_grid = {t: [o for o in opts if o.sharding_type is not ShardingType.GRID_SHARD] for t, opts in options.items()}
+    assert brute_force_peak(no_grid, cluster) > 1.05 * optimum
+    plan = make_plan(problem, config=SolverConfig(time_limit_s=5))
+    assert plan.max_rank_ms == pytest.approx(optimum, rel=1e-3)
+    big = plan.tables["big"]
+    assert big.sharding_type == "grid_shard"
+    nodes = {}  # column block -> the nodes its row blocks are on
+    for s in big.shards:
+        nodes.setdefault(s.col_offset, set()).add(s.rank // 2)
+    assert len(nodes) == 2 and all(len(n) == 1 for n in nodes.values()) and len(set.union(*nodes.values())) == 2
+    assert Plan.from_dict(plan.to_dict(), "plan").tables == plan.tables  # TorchRec's layout rules hold
 
 
 def test_memory_binds_and_is_respected():

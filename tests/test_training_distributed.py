@@ -1,4 +1,5 @@
-"""Real 2-rank training on gloo against an unsharded single-process reference."""
+"""Real training on gloo, 2 ranks on one node and 4 as two nodes of two, against an unsharded
+single-process reference."""
 
 from __future__ import annotations
 
@@ -25,19 +26,32 @@ SCHEMES = [
     ("rw", ShardingType.ROW_WISE, 2, "fused", [0, 1]),
     ("twrw", ShardingType.TABLE_ROW_WISE, 2, "fused", [0, 1]),
 ]
+# Two nodes of two ranks: the node schemes on a node, a grid's two column blocks a node each.
+TWO_NODE_SCHEMES = [
+    ("dp", ShardingType.DATA_PARALLEL, 4, "dense", [0, 1, 2, 3]),
+    ("tw", ShardingType.TABLE_WISE, 1, "fused", [3]),
+    ("cw", ShardingType.COLUMN_WISE, 2, "fused", [1, 2]),
+    ("twcw", ShardingType.TABLE_COLUMN_WISE, 2, "fused", [2, 3]),
+    ("rw", ShardingType.ROW_WISE, 4, "fused", [0, 1, 2, 3]),
+    ("twrw", ShardingType.TABLE_ROW_WISE, 2, "fused", [2, 3]),
+    ("grid", ShardingType.GRID_SHARD, 4, "fused", [2, 3, 0, 1]),
+]
+LAYOUTS = {"one_node": (1, SCHEMES), "two_nodes": (2, TWO_NODE_SCHEMES)}  # nodes of two ranks, tables
 STEPS = 3
 LR = 0.1
 
 
-def problem(optimizer: str = "sgd", fwd: str = "fp32", bwd: str = "fp32") -> PlanningProblem:
-    tables = tuple(TableSpec(name, 101 + 10 * i, 16, pooling_factor=3.0) for i, (name, *_rest) in enumerate(SCHEMES))
-    cluster = ClusterSpec(1, 2, "cpu", 0, 8 * 1024**3, 0, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
+def problem(optimizer: str = "sgd", fwd: str = "fp32", bwd: str = "fp32", layout: str = "one_node") -> PlanningProblem:
+    nodes, schemes = LAYOUTS[layout]
+    tables = tuple(TableSpec(name, 101 + 10 * i, 16, pooling_factor=3.0) for i, (name, *_rest) in enumerate(schemes))
+    cluster = ClusterSpec(nodes, 2, "cpu", 0, 8 * 1024**3, 0, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
     return PlanningProblem(tables, cluster, TrainingSpec(64, optimizer, fwd, bwd))
 
 
-def every_scheme_plan(p: PlanningProblem) -> Plan:
-    tables = {t.name: table_layout(t, st, ranks, "ddr") for t, (_, st, _n, _kernel, ranks) in zip(p.tables, SCHEMES)}
-    return Plan(2, 2, tables, (), 0.0, 0.0)
+def every_scheme_plan(p: PlanningProblem, layout: str = "one_node") -> Plan:
+    schemes = LAYOUTS[layout][1]
+    tables = {t.name: table_layout(t, st, ranks, "ddr", ranks_per_node=2) for t, (_, st, _n, _kernel, ranks) in zip(p.tables, schemes)}
+    return Plan(p.cluster.world_size, 2, tables, (), 0.0, 0.0)
 
 
 def model_config():
@@ -46,14 +60,14 @@ def model_config():
     return ModelConfig(num_dense_features=4, dense_arch=(16,), over_arch=(8, 1))
 
 
-def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="sgd"):
+def _train_sharded(rank, world, out_dir, fwd, bwd, pipeline, steps, optimizer="sgd", layout="one_node"):
     from dlrm_scale.run_config import TrainConfig
     from dlrm_scale.training.state import full_tables, local_shard_blocks
     from dlrm_scale.training.trainer import Trainer
     from tests.conftest import run_config
 
-    p = problem(optimizer, fwd, bwd)
-    plan = every_scheme_plan(p)
+    p = problem(optimizer, fwd, bwd, layout)
+    plan = every_scheme_plan(p, layout)
     cfg = TrainConfig(steps=steps, embedding_lr=LR, dense_lr=LR, dense_optimizer="sgd",
                       log_every=1, eval_batches=1, pipeline=pipeline, cpu_embeddings="dlrm_scale", interaction="dlrm_scale",
                       materialise_mib=1024 if pipeline else 0)  # without the pipeline, batches come from the worker thread
@@ -79,28 +93,29 @@ def rowwise_adagrad_step(weight, state, blocks, eps=1e-8):
             weight[:, c0 : c0 + cols] -= LR * g / (h.sqrt() + eps)[:, None]
 
 
-def reference_run(initial, initial_tables, steps, optimizer="sgd"):
+def reference_run(initial, initial_tables, steps, optimizer="sgd", layout="one_node"):
     """The same model unsharded in one process, trained on both ranks' batches, with the
     optimizers written out in PyTorch (no FBGEMM kernel, ours or theirs, involved)."""
     from dlrm_scale.training.data import SyntheticData
     from dlrm_scale.training.model import build_model
 
-    p = problem()
+    p = problem(layout=layout)
+    world = p.cluster.world_size
     model = build_model(p.tables, model_config(), torch.device("cpu"), embedding_device="cpu")
     state = dict(initial)
     for name, w in initial_tables.items():
         state[f"model.sparse_arch.embedding_bag_collection.embedding_bags.{name}.weight"] = w
     model.load_state_dict(state)
     bags = model.model.sparse_arch.embedding_bag_collection.embedding_bags
-    plan = every_scheme_plan(p)
+    plan = every_scheme_plan(p, layout)
     blocks = {name: sorted({(s.col_offset, s.cols) for s in t.shards}) for name, t in plan.tables.items()}
     adagrad_state = {name: {} for name in blocks}
     opt = torch.optim.SGD(model.parameters() if optimizer == "sgd" else
                           [q for n, q in model.named_parameters() if "embedding_bags" not in n], lr=LR)
-    data = [SyntheticData(p.tables, 4, 128, seed=0, rank=r, world=2) for r in range(2)]
+    data = [SyntheticData(p.tables, 4, 64 * world, seed=0, rank=r, world=world) for r in range(world)]
     losses = []
     for step in range(steps):
-        loss = sum(model(d.batch(step))[0] for d in data) / 2  # the mean over the global batch
+        loss = sum(model(d.batch(step))[0] for d in data) / world  # the mean over the global batch
         model.zero_grad()
         loss.backward()
         opt.step()
@@ -158,6 +173,26 @@ def test_row_wise_adagrad_on_every_scheme_matches_unsharded(rowwise_adagrad_runs
     got = result["final_tables"][name]
     assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"
     torch.testing.assert_close(got, ref_tables[name], rtol=1e-5, atol=1e-6, msg=f"table {name} differs from the reference")
+
+
+def test_two_nodes_train_every_scheme_and_a_grid_as_unsharded(tmp_path):
+    """Four ranks as two nodes of two (TorchRec's node groups from LOCAL_WORLD_SIZE): the node
+    schemes and a grid, whose column blocks keep row-wise Adagrad's state apart as column-wise
+    shards do, train as the unsharded model; every rank sends what the plan counts."""
+    result = run_on_ranks(_train_sharded, 4, str(tmp_path), "fp32", "fp32", True, 2, "rowwise_adagrad", "two_nodes",
+                          ranks_per_node=2)
+    _, ref_tables = reference_run(result["initial"], result["initial_tables"], 2, "rowwise_adagrad", "two_nodes")
+    for name, ref in ref_tables.items():
+        got = result["final_tables"][name]
+        assert not torch.equal(got, result["initial_tables"][name]), f"{name} did not train"
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=f"table {name} differs from the reference")
+    plan = every_scheme_plan(problem(layout="two_nodes"), "two_nodes")
+    for rank, blocks in enumerate(result["blocks"]):
+        want = sorted((s.row_offset, s.col_offset, s.rows, s.cols) for s in plan.tables["grid"].shards if s.rank == rank)
+        assert blocks["grid"] == want, rank
+    windows = [m for m in metrics(tmp_path) if "comm_bytes" in m]
+    assert windows and all(w["comm_bytes"] == w["comm_bytes_predicted"] for w in windows)
+    assert all(0 < a < t for w in windows for a, t in zip(w["comm_bytes_across_nodes"], w["comm_bytes"]))
 
 
 def test_shards_land_where_the_plan_says(tmp_path):

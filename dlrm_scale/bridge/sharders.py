@@ -20,6 +20,7 @@ ALL_SHARDING_TYPES = [
     ShardingType.TABLE_COLUMN_WISE.value,
     ShardingType.ROW_WISE.value,
     ShardingType.TABLE_ROW_WISE.value,
+    ShardingType.GRID_SHARD.value,
 ]
 
 

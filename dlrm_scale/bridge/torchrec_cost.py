@@ -17,6 +17,7 @@ import torch
 import torchrec.distributed.planner.constants as torchrec_constants
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.enumerators import get_partition_by_type
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.planner.types import Shard as TRShard
@@ -115,7 +116,7 @@ class TorchRecEstimates:
             input_lengths=[table.pooling_factor],
             batch_size=self.problem.training.batch_size_per_rank,
             sharding_type=sharding_type,
-            partition_by="uniform" if sharding_type in ("data_parallel", "row_wise", "table_row_wise") else "device",
+            partition_by=get_partition_by_type(sharding_type),
             compute_kernel=compute_kernel,
             shards=[TRShard(size=[r, c], offset=[ro, co], rank=rank) for ro, co, r, c, rank in blocks],
             is_pooled=True,

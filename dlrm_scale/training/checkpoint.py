@@ -49,7 +49,7 @@ from dlrm_scale.training.checkpoint_layout import MARKER, PREFIX, CheckpointErro
 from dlrm_scale.training.table_optimizer import STATE_SUFFIX
 from planner.plan.document import Plan
 from planner.spec.errors import PlannerError
-from planner.spec.types import ShardingType
+from planner.spec.schemes import COLUMN_SCHEMES
 
 log = logging.getLogger("dlrm_scale.training.checkpoint")
 # DCP's CheckpointException derives from BaseException, not Exception
@@ -447,11 +447,12 @@ def _saved_plan(meta: dict) -> Plan | None:
 
 
 def state_columns(plan: Plan, table: str) -> tuple[int, ...]:
-    """The column widths a table's row-wise optimizer state is kept per: its column shards',
-    left to right, under a column-wise scheme (FBGEMM's state is per shard); its width otherwise."""
+    """The column widths a table's row-wise optimizer state is kept per: its column blocks',
+    left to right, under a scheme that splits columns (FBGEMM's state is per shard); its width
+    otherwise."""
     t = plan.tables[table]
-    if t.sharding_type in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
-        return tuple(s.cols for s in sorted(t.shards, key=lambda s: s.col_offset))
+    if t.sharding_type in COLUMN_SCHEMES:
+        return tuple(cols for _, cols in sorted({(s.col_offset, s.cols) for s in t.shards}))
     return (t.embedding_dim,)
 
 

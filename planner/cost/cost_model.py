@@ -18,7 +18,7 @@ from typing import Iterable, Protocol, Sequence
 
 from planner.spec.specs import OPTIMIZER_STATE, PRECISION_ELEMENT_BYTES, PRECISION_ROW_OVERHEAD_BYTES, ClusterSpec, TableSpec, TrainingSpec
 from planner.spec.access_stats import TableAccess, zipf_unique_ids
-from planner.spec.schemes import ALL_TO_ALL_SCHEMES, COLUMN_SCHEMES, ROW_SCHEMES, cache_rows, cached_kernel_for
+from planner.spec.schemes import ALL_TO_ALL_SCHEMES, COLUMN_SCHEMES, NODE_ROW_SCHEMES, ROW_SCHEMES, cache_rows, cached_kernel_for, row_group
 from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 
 WEIGHT_BYTES = 4  # fp32 embedding weights
@@ -233,9 +233,9 @@ def collective_ms(peers: int, cluster: ClusterSpec) -> float:
 
 def output_peers(sharding_type: str, cluster: ClusterSpec) -> int:
     """The ranks a rank exchanges with in a type's pooled forward (and its backward): every
-    other rank, but under table-row-wise the node's (its reduce-scatter) and one on each other
-    node (its all-to-all among the ranks of the same local index)."""
-    if sharding_type == ShardingType.TABLE_ROW_WISE.value:
+    other rank, but under the node-row schemes the node's (its reduce-scatter) and one on each
+    other node (its all-to-all among the ranks of the same local index)."""
+    if sharding_type in NODE_ROW_SCHEMES:
         return (cluster.ranks_per_node - 1) + (cluster.num_nodes - 1)
     return cluster.world_size - 1
 
@@ -442,7 +442,7 @@ class AnalyticCostModel:
         opt = tr.embedding_optimizer
         fwd_p, bwd_p = tr.fwd_comm_precision, tr.bwd_comm_precision
         st = req.sharding_type
-        group = {ShardingType.ROW_WISE: world, ShardingType.TABLE_ROW_WISE: local}.get(st, 1)
+        group = row_group(st, world, local)
         batch_ids = (local_batch if st is ShardingType.DATA_PARALLEL else global_batch) * pooling
         if g.rows == 0:  # an empty trailing row block still joins the collectives
             lookups = distinct = 0.0
@@ -475,7 +475,7 @@ class AnalyticCostModel:
         if row_blocks:  # partial sums reduce-scattered forward; the backward all-gathers gradients
             fwd = reduce_scatter_ms(out_fwd, group, cl)
             bwd = all_gather_ms(out_bwd, group, cl)
-            if st is ShardingType.TABLE_ROW_WISE:  # then each rank's 1/L of the node's sums goes out
+            if st in NODE_ROW_SCHEMES:  # then each rank's 1/L of the node's sums goes out
                 fwd += all_to_all_ms(row_comm_bytes(sums / local, g.cols, fwd_p), cl)
                 bwd += all_to_all_ms(row_comm_bytes(sums / local, g.cols, bwd_p), cl)
         else:

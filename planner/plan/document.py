@@ -300,11 +300,12 @@ def _table_dict(t: TablePlan) -> dict[str, Any]:
 
 
 def table_layout(table: TableSpec, sharding_type: ShardingType, ranks: Sequence[int], tier: str,
-                 cache_load_factor: float | None = None) -> TablePlan:
+                 cache_load_factor: float | None = None, ranks_per_node: int = 0) -> TablePlan:
     """A table laid out by hand (tests, benchmarks, hand-written plans): `sharding_type` cut into
-    len(ranks) shards (replicas for data_parallel), shard i on ranks[i]; with a cache load
-    factor, rows in `tier` behind a cache of that fraction of each shard's rows."""
-    geometries = shard_geometry(table, sharding_type, len(ranks))
+    len(ranks) shards (replicas for data_parallel), shard i on ranks[i] (a grid's in
+    shard_geometry's order, on nodes of `ranks_per_node`); with a cache load factor, rows in
+    `tier` behind a cache of that fraction of each shard's rows."""
+    geometries = shard_geometry(table, sharding_type, len(ranks), ranks_per_node)
     cached = cache_load_factor is not None
     shards = tuple(
         PlannedShard(r, g.row_offset, g.col_offset, g.rows, g.cols, tier, cache_rows(g.rows, cache_load_factor) if cached else 0)
@@ -325,9 +326,17 @@ def uniform_plan(problem: PlanningProblem, sharding_type: ShardingType) -> Plan:
 
 def check_placement(name: str, table: TablePlan, world: int, local: int, source: str = "plan") -> None:
     """The rank layouts TorchRec's row-wise schemes assume: row block i on rank i (row_wise),
-    or on local rank i of one node (table_row_wise); data_parallel replicas on every rank."""
+    or on local rank i of one node (table_row_wise, and each column block of a grid_shard on a
+    node of its own); data_parallel replicas on every rank."""
     ranks = [s.rank for s in sorted(table.shards, key=lambda s: s.row_offset)]
     st = table.sharding_type
+    if st == ShardingType.GRID_SHARD.value:
+        blocks = _column_blocks(table)
+        nodes = {block[0].rank // local for block in blocks}
+        if len(nodes) != len(blocks) or any([s.rank for s in block] != [block[0].rank // local * local + i for i in range(local)]
+                                            for block in blocks):
+            raise PlanFormatError(f"{source}: grid_shard table {name!r} must put each column block's row block i on local "
+                                  f"rank i of a node, one node a block")
     if st in ("row_wise", "data_parallel") and sorted(ranks) != list(range(world)):
         raise PlanFormatError(f"{source}: {st} table {name!r} must have one shard on every one of the {world} ranks")
     if st == "row_wise" and ranks != list(range(world)):
@@ -353,6 +362,14 @@ def check_torchrec_shape(name: str, table: TablePlan, source: str = "plan") -> N
         if any(s.cols != cols for s in shards) or got != want:
             raise PlanFormatError(f"{source}: {st} table {name!r} must be cut into full-width row blocks of "
                                   f"{want[0][1]} rows (ceil of {rows} / {len(shards)}), as TorchRec cuts them; got {[r for _, r in got]}")
+    if st == ShardingType.GRID_SHARD.value:
+        blocks = _column_blocks(table)
+        want = row_blocks(rows, len(blocks[0]))
+        got = [[(s.row_offset, s.rows) for s in block] for block in blocks]
+        if any(g != want for g in got) or any(s.cols % COLUMN_ALIGNMENT for s in shards):
+            raise PlanFormatError(f"{source}: grid_shard table {name!r} must be cut into column blocks a multiple of "
+                                  f"{COLUMN_ALIGNMENT} wide, each into row blocks of {want[0][1]} rows (ceil of {rows} / "
+                                  f"{len(blocks[0])}), as TorchRec cuts them")
     if st in (ShardingType.COLUMN_WISE.value, ShardingType.TABLE_COLUMN_WISE.value):
         if any(s.rows != rows for s in shards):
             raise PlanFormatError(f"{source}: {st} table {name!r} must be cut into full-height column shards")
@@ -360,6 +377,14 @@ def check_torchrec_shape(name: str, table: TablePlan, source: str = "plan") -> N
         if any(w < 1 or w % COLUMN_ALIGNMENT for w in widths):
             raise PlanFormatError(f"{source}: {st} table {name!r} has column shards {widths} wide; TorchRec needs each a positive "
                                   f"multiple of {COLUMN_ALIGNMENT}")
+
+
+def _column_blocks(table: TablePlan) -> list[list[PlannedShard]]:
+    """A grid's shards by column block, left to right, each block's in row order."""
+    blocks: dict[int, list[PlannedShard]] = {}
+    for s in sorted(table.shards, key=lambda s: (s.col_offset, s.row_offset)):
+        blocks.setdefault(s.col_offset, []).append(s)
+    return list(blocks.values())
 
 
 def check_geometry(name: str, table: TablePlan, source: str = "plan") -> None:

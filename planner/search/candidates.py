@@ -11,7 +11,7 @@ from dataclasses import replace
 from planner.spec.access_stats import TableAccess, table_access
 from planner.cost.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
 from planner.spec.errors import InfeasiblePlanError
-from planner.spec.schemes import CACHEABLE, ROW_SCHEMES, compute_kernel_for, shard_counts, shard_geometry
+from planner.spec.schemes import CACHEABLE, compute_kernel_for, row_group, shard_counts, shard_geometry
 from planner.spec.specs import ClusterSpec, TableSpec, TieringSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import TIERS, ShardingOption, ShardingType
@@ -47,12 +47,12 @@ def option_requests(
     requests = []
     for sharding_type in ShardingType:
         for n in shard_counts(table, sharding_type, cluster, int8_comms):
-            geometries = tuple(shard_geometry(table, sharding_type, n))
+            geometries = tuple(shard_geometry(table, sharding_type, n, cluster.ranks_per_node))
             requests.append(OptionRequest(table, sharding_type, compute_kernel_for(sharding_type), cluster.device_tier, geometries))
             if access is None or tiering is None or sharding_type not in CACHEABLE[cluster.device]:
                 continue
             # ids one shard sees per step; a cache must hold a step's distinct rows twice over
-            ids = problem_batch * table.pooling_factor / (n if sharding_type in ROW_SCHEMES else 1)
+            ids = problem_batch * table.pooling_factor / row_group(sharding_type, cluster.world_size, cluster.ranks_per_node)
             for tier in cluster.backing_tiers:
                 for fraction in tiering.load_factors:
                     if fraction * min(g.rows for g in geometries) < MIN_CACHE_BATCHES * ids * access.unique_ratio:

@@ -118,10 +118,10 @@ def solve_joint(
                 decode.append((table, o, choose, None))
             elif o.placement is Placement.NODE_RANKS:
                 at = _node_literals(model, table, k, o, rules, local, nodes)
-                model.Add(sum(at) == choose)
-                for n in range(nodes):
-                    for i, shard in enumerate(o.shards):
-                        charge(n * local + i, shard, at[n], table)
+                model.Add(sum(at) == o.nodes_taken * choose)
+                for n in range(nodes):  # every column block's row blocks are alike
+                    for i, r in enumerate(o.ranks_on_nodes([n], local)):
+                        charge(r, o.shards[i], at[n], table)
                 decode.append((table, o, choose, ("node", at)))
             else:
                 on_node = None
@@ -160,7 +160,7 @@ def solve_joint(
         ranks = hint.shard_ranks.get(table, []) if chosen else []
         if kind == "node":
             for n, lit in enumerate(lits):
-                model.AddHint(lit, bool(ranks) and ranks[0] // local == n)
+                model.AddHint(lit, any(r // local == n for r in ranks))
         else:
             for i, x in enumerate(lits):
                 for r, lit in x.items():
@@ -179,8 +179,7 @@ def solve_joint(
         if extra is None:
             out.shard_ranks[table] = list(range(world))
         elif extra[0] == "node":
-            node = next(n for n, lit in enumerate(extra[1]) if solver.BooleanValue(lit))
-            out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+            out.shard_ranks[table] = o.ranks_on_nodes(_chosen_nodes(solver, extra[1]), local)
         else:
             out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in extra[1]]
     return JointResult(out, solver.BestObjectiveBound() * unit_ms, status == cp_model.OPTIMAL)
@@ -213,12 +212,17 @@ def _rank_literals(model: cp_model.CpModel, table: str, k: int, i: int, choose, 
 
 
 def _node_literals(model: cp_model.CpModel, table: str, k: int, option: ShardingOption, rules: RankRules, local: int, nodes: int) -> list:
-    """A literal per node for a table-row-wise option, fixed false on nodes whose ranks the table may not use."""
+    """A literal per node for a node-ranks option (true on the nodes it takes), fixed false on
+    nodes whose ranks the table may not use."""
     at = [model.NewBoolVar(f"n[{table},{k},{n}]") for n in range(nodes)]
     for n, lit in enumerate(at):
-        if not all(rules.may_use(table, n * local + i) for i in range(len(option.shards))):
+        if not all(rules.may_use(table, r) for r in option.ranks_on_nodes([n], local)):
             model.Add(lit == 0)
     return at
+
+
+def _chosen_nodes(solver: cp_model.CpSolver, at: list) -> list[int]:
+    return [n for n, lit in enumerate(at) if solver.BooleanValue(lit)]
 
 
 def keep_apart(model: cp_model.CpModel, present: dict[tuple[str, int], list], rules: RankRules, ranks) -> None:
@@ -327,12 +331,12 @@ class ClassModel:
                     decode.append((table, o, choose, None))
                 elif o.placement is Placement.NODE_RANKS:
                     at = _node_literals(model, table, k, o, rules, local, nodes)
-                    model.Add(sum(at) == choose)
+                    model.Add(sum(at) == o.nodes_taken * choose)
                     for n, lit in enumerate(at):
-                        model.AddHint(lit, hint.choice.get(table) is o and hint.shard_ranks[table][0] // local == n)
-                    for n in range(nodes):
-                        for i in range(len(o.shards)):
-                            place(n * local + i, i, at[n])
+                        model.AddHint(lit, hint.choice.get(table) is o and any(r // local == n for r in hint.shard_ranks[table]))
+                    for n in range(nodes):  # every column block's row blocks are alike
+                        for i, r in enumerate(o.ranks_on_nodes([n], local)):
+                            place(r, i, at[n])
                     decode.append((table, o, choose, at))
                 elif rules.restricts(table):
                     per_shard = []
@@ -437,8 +441,7 @@ class ClassModel:
             if o.placement is Placement.EVERY_RANK:
                 out.shard_ranks[table] = list(range(world))
             elif o.placement is Placement.NODE_RANKS:
-                node = next(n for n, lit in enumerate(at) if solver.BooleanValue(lit))
-                out.shard_ranks[table] = [node * local + i for i in range(len(o.shards))]
+                out.shard_ranks[table] = o.ranks_on_nodes(_chosen_nodes(solver, at), local)
             elif at is not None:  # placed by its own variables
                 out.shard_ranks[table] = [next(r for r, lit in x.items() if solver.BooleanValue(lit)) for x in at]
             else:

@@ -7,6 +7,7 @@ shards) most of the final quality: with many small items LPT is within a few per
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -148,13 +149,14 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec, rules: Rank
         return sorted(range(cluster.num_nodes), key=lambda n: (totals[n], n))
 
     for option in sorted(by_kind[Placement.NODE_RANKS], key=lambda o: (-o.total_ms, o.table)):
-        for node in node_order(option):
-            ranks = [node * local + i for i in range(len(option.shards))]
-            if all(_fits(loads, caps, r, _shard_bytes(option, i)) and occupancy.admits(option.table, r) for i, r in enumerate(ranks)):
-                place(option, ranks)
-                break
-        else:
+        def fits(node: int) -> bool:
+            return all(_fits(loads, caps, r, _shard_bytes(option, i)) and occupancy.admits(option.table, r)
+                       for i, r in enumerate(option.ranks_on_nodes([node], local)))
+
+        ranks = on_nodes(option, node_order(option), fits, local)
+        if ranks is None:
             raise _no_room(option, cluster, rules)
+        place(option, ranks)
 
     for option in sorted(by_kind[Placement.ONE_NODE], key=lambda o: (-o.total_ms, o.table)):
         for node in node_order(option):
@@ -233,6 +235,13 @@ def lpt_into(option: ShardingOption, ranks: list[int], loads: RankLoads, caps: n
     return placed
 
 
+def on_nodes(option: ShardingOption, nodes: Sequence[int], fits: Callable[[int], bool], local: int) -> list[int] | None:
+    """A node-ranks option's ranks on the first of `nodes` where its row blocks `fits` (one node
+    per column block, the blocks alike, in node order), or None if too few do."""
+    taken = list(itertools.islice((n for n in nodes if fits(n)), option.nodes_taken))
+    return option.ranks_on_nodes(sorted(taken), local) if len(taken) == option.nodes_taken else None
+
+
 def place_one(option: ShardingOption, loads: RankLoads, caps: np.ndarray, cluster: ClusterSpec,
               admits: Callable[[int], bool] = lambda rank: True) -> list[int] | None:
     """Ranks for one table's `option` given the other tables' `loads`, as `pack` places them (every
@@ -244,11 +253,11 @@ def place_one(option: ShardingOption, loads: RankLoads, caps: np.ndarray, cluste
         return ranks if np.all(loads.bytes[ranks] + option.shard_bytes <= caps) and all(map(admits, ranks)) else None
     nodes = sorted(range(cluster.num_nodes), key=lambda n: (loads.ms[n * local:(n + 1) * local].sum(), n))
     if option.placement is Placement.NODE_RANKS:
-        for node in nodes:
-            ranks = [node * local + i for i in range(len(option.shards))]
-            if np.all(loads.bytes[ranks] + option.shard_bytes <= caps) and all(map(admits, ranks)):
-                return ranks
-        return None
+        def fits(node: int) -> bool:
+            ranks = option.ranks_on_nodes([node], local)
+            return bool(np.all(loads.bytes[ranks] + option.shard_bytes[:len(ranks)] <= caps)) and all(map(admits, ranks))
+
+        return on_nodes(option, nodes, fits, local)
     if option.placement is Placement.ONE_NODE:
         for node in nodes:
             node_ranks = [r for r in range(node * local, (node + 1) * local) if admits(r)]

@@ -134,13 +134,15 @@ class TableRule:
 
     def _pin_allows(self, option: ShardingOption) -> bool:
         """Whether the option's placement can keep to the pinned ranks: a row-wise or
-        data-parallel table is on every rank, a table-row-wise one on a node's first ranks."""
+        data-parallel table is on every rank, a table-row-wise one on a node's first ranks, a
+        grid on as many nodes' as it has column blocks."""
         if self.ranks is None or option.placement in (Placement.ANY_RANK, Placement.ONE_NODE):
             return True
         if option.placement is Placement.EVERY_RANK:
             return len(self.ranks) == self.shape.world_size
-        local, n = self.shape.ranks_per_node, len(option.shards)
-        return any(all(node * local + i in self.ranks for i in range(n)) for node in range(self.shape.world_size // local))
+        local = self.shape.ranks_per_node
+        usable = [n for n in range(self.shape.world_size // local) if set(option.ranks_on_nodes([n], local)) <= self.ranks]
+        return len(usable) >= option.nodes_taken
 
     def describe(self) -> str:
         parts = [f"{k} {'/'.join(map(str, v)) if isinstance(v, tuple) else v}"

@@ -17,11 +17,15 @@ from planner.spec.types import ShardGeometry, ShardingType
 # FBGEMM's table-batched kernels need every shard's width to be a multiple of this.
 COLUMN_ALIGNMENT = 4
 
-ROW_SCHEMES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
-COLUMN_SCHEMES = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+# Row blocks over one node's ranks, their partial sums reduce-scattered there, then an all-to-all
+# across nodes: table_row_wise cuts the whole table so; grid_shard cuts it into column blocks
+# first, each on a node of its own (EMBark's 3D sharding, TorchRec's GRID_SHARD).
+NODE_ROW_SCHEMES = (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+ROW_SCHEMES = (ShardingType.ROW_WISE, *NODE_ROW_SCHEMES)
+COLUMN_SCHEMES = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 # The schemes whose shards send their pooled sums, and take their ids, by all-to-all: row blocks
 # reduce-scatter partial sums instead, and replicas all-reduce (every rank pays those alike).
-ALL_TO_ALL_SCHEMES = (ShardingType.TABLE_WISE, *COLUMN_SCHEMES)
+ALL_TO_ALL_SCHEMES = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
 
 # TorchRec's compute kernel names. Replicas train with the dense kernel, shards with fused
 # TBE; a cached shard keeps its rows in host DDR behind a device cache (fused_uvm_caching)
@@ -34,7 +38,7 @@ CACHED_KERNELS = ("fused_uvm_caching", "key_value")
 # the rows it holds, so those stay uncached; replicas (data_parallel) are never cached.
 CACHEABLE = {
     "cuda": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
-             ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE),
+             *ROW_SCHEMES),
     "cpu": (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE),
 }
 
@@ -86,6 +90,14 @@ def check_precisions_trainable(plan_schemes: dict[str, str], fwd: str, bwd: str,
             )
 
 
+def row_group(sharding_type: ShardingType, world_size: int, ranks_per_node: int) -> int:
+    """The ranks whose row blocks share each id of a table (hashed evenly over them): every rank
+    under row_wise, a node's under the node-row schemes, one otherwise."""
+    if sharding_type is ShardingType.ROW_WISE:
+        return world_size
+    return ranks_per_node if sharding_type in NODE_ROW_SCHEMES else 1
+
+
 def row_blocks(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
     """(offset, rows) of `num_shards` row blocks of ceil(num_rows / num_shards) rows each."""
     block = -(-num_rows // num_shards)
@@ -105,16 +117,29 @@ def column_split_counts(embedding_dim: int, max_shards: int) -> list[int]:
     ]
 
 
-def shard_geometry(table: TableSpec, sharding_type: ShardingType, num_shards: int) -> list[ShardGeometry]:
-    """The shards of `table` under `sharding_type`; `num_shards` is the replica count for DP."""
+def column_blocks(table: TableSpec, num_blocks: int) -> list[tuple[int, int]]:
+    """(offset, width) of `num_blocks` equal column blocks, each a multiple of COLUMN_ALIGNMENT wide."""
+    cols = table.embedding_dim
+    if cols % num_blocks or (cols // num_blocks) % COLUMN_ALIGNMENT:
+        raise ValueError(f"table '{table.name}': {cols} columns do not split into {num_blocks} aligned shards")
+    width = cols // num_blocks
+    return [(i * width, width) for i in range(num_blocks)]
+
+
+def shard_geometry(table: TableSpec, sharding_type: ShardingType, num_shards: int, ranks_per_node: int = 0) -> list[ShardGeometry]:
+    """The shards of `table` under `sharding_type`; `num_shards` is the replica count for DP.
+    A grid's shards are its column blocks' row blocks, block by block, `ranks_per_node` a block."""
     rows, cols = table.num_embeddings, table.embedding_dim
     if sharding_type in (ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL):
         return [ShardGeometry(0, 0, rows, cols)] * (1 if sharding_type is ShardingType.TABLE_WISE else num_shards)
+    if sharding_type is ShardingType.GRID_SHARD:
+        if ranks_per_node < 1 or num_shards % ranks_per_node:
+            raise ValueError(f"table '{table.name}': a grid of {num_shards} shards is not whole column blocks of "
+                             f"{ranks_per_node} row blocks (one a rank of a node)")
+        return [ShardGeometry(off, c0, n, width) for c0, width in column_blocks(table, num_shards // ranks_per_node)
+                for off, n in row_blocks(rows, ranks_per_node)]
     if sharding_type in COLUMN_SCHEMES:
-        if cols % num_shards or (cols // num_shards) % COLUMN_ALIGNMENT:
-            raise ValueError(f"table '{table.name}': {cols} columns do not split into {num_shards} aligned shards")
-        width = cols // num_shards
-        return [ShardGeometry(0, i * width, rows, width) for i in range(num_shards)]
+        return [ShardGeometry(0, c0, rows, width) for c0, width in column_blocks(table, num_shards)]
     if sharding_type in ROW_SCHEMES:
         return [ShardGeometry(off, 0, n, cols) for off, n in row_blocks(rows, num_shards)]
     raise ValueError(f"unknown sharding type {sharding_type!r}")
@@ -149,4 +174,6 @@ def shard_counts(
         return [local]
     if sharding_type is ShardingType.TABLE_COLUMN_WISE:
         return column_split_counts(table.embedding_dim, local)
+    if sharding_type is ShardingType.GRID_SHARD:  # a column block a node
+        return [k * local for k in column_split_counts(table.embedding_dim, cluster.num_nodes)]
     raise ValueError(f"unknown sharding type {sharding_type!r}")

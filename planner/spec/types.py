@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -23,6 +23,7 @@ class ShardingType(str, Enum):
     ROW_WISE = "row_wise"
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
+    GRID_SHARD = "grid_shard"
 
 
 class Placement(str, Enum):
@@ -31,7 +32,7 @@ class Placement(str, Enum):
     ANY_RANK = "any_rank"  # each shard independently on any rank (TW, CW)
     ONE_NODE = "one_node"  # each shard on any rank of one chosen node (TWCW)
     EVERY_RANK = "every_rank"  # shard i on rank i (RW, DP)
-    NODE_RANKS = "node_ranks"  # shard i on local rank i of one chosen node (TWRW)
+    NODE_RANKS = "node_ranks"  # column block c's row block i on local rank i of the c-th of distinct chosen nodes (TWRW: one block, grid)
 
 
 PLACEMENT_OF = {
@@ -41,6 +42,7 @@ PLACEMENT_OF = {
     ShardingType.ROW_WISE: Placement.EVERY_RANK,
     ShardingType.DATA_PARALLEL: Placement.EVERY_RANK,
     ShardingType.TABLE_ROW_WISE: Placement.NODE_RANKS,
+    ShardingType.GRID_SHARD: Placement.NODE_RANKS,
 }
 
 
@@ -175,6 +177,18 @@ class ShardingOption:
     def max_shard_ms(self) -> float:
         """Time of the costliest shard with what every rank carries: no rank holding it can finish sooner."""
         return float(self.shard_ms.max()) + self.every_rank_ms
+
+    @cached_property
+    def nodes_taken(self) -> int:
+        """The nodes a node-ranks option takes: one per column block (table-row-wise one, grid
+        its column shards), whose row blocks are alike on each."""
+        return len({g.col_offset for g in self.geometries})
+
+    def ranks_on_nodes(self, nodes: Sequence[int], ranks_per_node: int) -> list[int]:
+        """A node-ranks option's shard ranks with column block c on `nodes[c]`: its row block i
+        on that node's local rank i."""
+        per_node = len(self.shards) // self.nodes_taken
+        return [n * ranks_per_node + i for n in nodes for i in range(per_node)]
 
     @property
     def label(self) -> str:

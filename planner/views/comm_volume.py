@@ -16,6 +16,7 @@ import numpy as np
 
 from planner.cost.cost_model import row_comm_bytes
 from planner.plan.document import Plan
+from planner.spec.schemes import NODE_ROW_SCHEMES
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ def embedding_comm_bytes(plan: Plan, batch_size_per_rank: int, fwd_precision: st
     of gradient. Row-wise over a group of ranks: the shard's partial sums for the whole batch are
     reduce-scattered forward, each member getting its slice, and the gradients all-gathered
     backward, as many bytes. Over every rank (row-wise) a slice is b samples. Over the node
-    (table-row-wise) it is the b samples of every node's rank of the member's local index, and
-    an all-to-all among those ranks follows: forward the shard's rank sends each other node its
-    b; backward, that node's rank sends it their b rows of gradient."""
+    (table-row-wise, and each column block of a grid) it is the b samples of every node's rank
+    of the member's local index, and an all-to-all among those ranks follows: forward the
+    shard's rank sends each other node its b; backward, that node's rank sends it their b rows
+    of gradient."""
     world, local = plan.world_size, plan.ranks_per_node
     b = batch_size_per_rank
     node = np.arange(world) // local
@@ -53,8 +55,9 @@ def embedding_comm_bytes(plan: Plan, batch_size_per_rank: int, fwd_precision: st
         st = table.sharding_type
         if st == "data_parallel":
             continue
+        node_rows = st in NODE_ROW_SCHEMES
         for s in table.shards:
-            if st in ("row_wise", "table_row_wise"):
+            if st == "row_wise" or node_rows:
                 if st == "row_wise":
                     group, slice_rows = range(world), b
                 else:  # the node's ranks; each gets its local index's samples of every node
@@ -62,7 +65,7 @@ def embedding_comm_bytes(plan: Plan, batch_size_per_rank: int, fwd_precision: st
                 for r in group:  # each member's slice of the partial sums out, of the gradients in
                     send(s.rank, r, slice_rows, s.cols, fwd_precision)
                     send(s.rank, r, slice_rows, s.cols, bwd_precision)
-                if st == "table_row_wise":
+                if node_rows:
                     for r in range(s.rank % local, world, local):  # the same local index on the other nodes
                         send(s.rank, r, b, s.cols, fwd_precision)
                         send(r, s.rank, b, s.cols, bwd_precision)
