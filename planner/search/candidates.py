@@ -7,9 +7,11 @@ of look-alike tables), and options whose largest shard cannot fit on any rank ar
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Iterable, Mapping, Sequence
 
 from planner.spec.access_stats import TableAccess, table_access
 from planner.cost.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
+from planner.spec.constraints import TableRule
 from planner.spec.errors import InfeasiblePlanError
 from planner.spec.schemes import CACHEABLE, compute_kernel_for, row_group, shard_counts, shard_geometry
 from planner.spec.specs import ClusterSpec, TableSpec, TieringSpec
@@ -39,13 +41,14 @@ def option_requests(
     access: TableAccess | None = None,
     tiering: TieringSpec | None = None,
     batch_size_per_rank: int = 0,
+    schemes: Iterable[ShardingType] = ShardingType,
 ) -> list[OptionRequest]:
-    """Every scheme and shard count with all rows in the device tier; and, given `access`
-    and `tiering`, each cacheable one again per backing tier and cache load factor, when the
-    cache holds MIN_CACHE_BATCHES steps' distinct rows."""
+    """Every scheme (of `schemes`) and shard count with all rows in the device tier; and, given
+    `access` and `tiering`, each cacheable one again per backing tier and cache load factor,
+    when the cache holds MIN_CACHE_BATCHES steps' distinct rows."""
     problem_batch = batch_size_per_rank * cluster.world_size
     requests = []
-    for sharding_type in ShardingType:
+    for sharding_type in schemes:
         for n in shard_counts(table, sharding_type, cluster, int8_comms):
             geometries = tuple(shard_geometry(table, sharding_type, n, cluster.ranks_per_node))
             requests.append(OptionRequest(table, sharding_type, compute_kernel_for(sharding_type), cluster.device_tier, geometries))
@@ -61,6 +64,18 @@ def option_requests(
     return requests
 
 
+def offers_grid(table: str, options: Sequence[ShardingOption], work_ms: float, problem: PlanningProblem) -> bool:
+    """Whether a table gets grid options: where its constraints name grid_shard, or where it is
+    too hot for one node's row blocks (its table-row-wise shard above `work_ms`, the mean work
+    per rank of every table's cheapest option, which no plan's busiest rank is under). A grid
+    spreads such a table over nodes with collectives mostly within them; elsewhere it only adds
+    work (every block's node takes all of its ids) and options to search."""
+    if problem.constraints is not None and any(
+            isinstance(r, TableRule) and r.schemes and ShardingType.GRID_SHARD.value in r.schemes for r in problem.constraints.rules_for(table)):
+        return True
+    return any(o.sharding_type is ShardingType.TABLE_ROW_WISE and o.max_shard_ms > work_ms for o in options)
+
+
 def _signature(table: TableSpec, access: TableAccess | None) -> tuple:
     return (table.num_embeddings, table.embedding_dim, table.pooling_factor, table.zipf_exponent, table.pooled,
             table.outputs_per_sample, access)
@@ -72,29 +87,39 @@ def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
 
 
 def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:
-    """Costed options per table name, in the order of `problem.tables`.
+    """Costed options per table name, in the order of `problem.tables`. Grids only where
+    `offers_grid` says, costed in a second round once the other options give the work bound.
 
     Raises InfeasiblePlanError naming the first table none of whose options fits on a rank.
     """
     cluster = problem.cluster
     int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
     accesses = {t.name: table_access(t, problem) if worth_caching(t, problem) else None for t in problem.tables}
+    sigs = {t.name: _signature(t, accesses[t.name]) for t in problem.tables}
     representative: dict[tuple, TableSpec] = {}
     for table in problem.tables:
-        representative.setdefault(_signature(table, accesses[table.name]), table)
-    requests, owners = [], []
-    for sig, table in representative.items():
-        for req in option_requests(table, cluster, int8, sig[-1], problem.tiering, problem.training.batch_size_per_rank):
-            requests.append(req)
-            owners.append(sig)
+        representative.setdefault(sigs[table.name], table)
     costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}
-    for sig, option in zip(owners, cost_model.estimate(requests)):
-        costed[sig].append(option)
+
+    def cost(tables: Mapping[tuple, TableSpec], schemes: Iterable[ShardingType]) -> None:
+        requests, owners = [], []
+        for sig, table in tables.items():
+            for req in option_requests(table, cluster, int8, sig[-1], problem.tiering, problem.training.batch_size_per_rank, schemes):
+                requests.append(req)
+                owners.append(sig)
+        for sig, option in zip(owners, cost_model.estimate(requests) if requests else []):
+            costed[sig].append(option)
+
+    cost(representative, [st for st in ShardingType if st is not ShardingType.GRID_SHARD])
+    work_ms = sum(min((o.total_ms for o in costed[sigs[t.name]]), default=0.0) for t in problem.tables) / cluster.world_size
+    grid = {t.name for t in problem.tables if offers_grid(t.name, costed[sigs[t.name]], work_ms, problem)}
+    cost({sig: table for sig, table in representative.items() if any(sigs[name] == sig for name in grid)}, [ShardingType.GRID_SHARD])
 
     result = {}
     for table in problem.tables:
-        sig = _signature(table, accesses[table.name])
-        options = [o for o in costed[sig] if fits_one_rank(o, cluster)]
+        sig = sigs[table.name]
+        options = [o for o in costed[sig] if fits_one_rank(o, cluster)
+                   and (o.sharding_type is not ShardingType.GRID_SHARD or table.name in grid)]
         if not options:
             _raise_too_large(table, costed[sig], cluster)
         if problem.constraints is not None:
