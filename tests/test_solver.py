@@ -10,6 +10,7 @@ from planner.spec.errors import InfeasiblePlanError
 from planner.search.phase_balance import phase_loads
 from planner.plan.document import Plan
 from planner.plan.planning import make_plan
+from planner.spec.config import constrain
 from planner.search.solver import SolverConfig, solve
 from planner.spec.specs import TableSpec, TieringSpec
 from planner.spec.types import TIERS, Placement, ShardingType
@@ -99,6 +100,20 @@ def test_a_grid_is_chosen_where_it_is_the_optimum():
         nodes.setdefault(s.col_offset, set()).add(s.rank // 2)
     assert len(nodes) == 2 and all(len(n) == 1 for n in nodes.values()) and len(set.union(*nodes.values())) == 2
     assert Plan.from_dict(plan.to_dict(), "plan").tables == plan.tables  # TorchRec's layout rules hold
+
+
+@pytest.mark.parametrize("pooling, grid", [(40.0, "grid_shardx4"), (1000.0, "grid_shardx8")])
+def test_a_table_too_hot_for_a_node_is_offered_the_grid_of_fewest_blocks_that_spreads_it(pooling, grid):
+    """Four nodes of two ranks: the hot table's table-row-wise shard is above the mean work per
+    rank, so it is offered the grid of fewest column blocks (2, then 4 once hotter) that brings its
+    shards under it; the cool tables none, unless their constraints name grid_shard (then all)."""
+    cluster = make_cluster(num_nodes=4, ranks_per_node=2)
+    tables = [table("hot", 2_000_000, 64, pooling), *[table(f"t{i}", 10_000, 64, 1.0) for i in range(6)]]
+    grids = {t: [o.label for o in opts if o.sharding_type is ShardingType.GRID_SHARD]
+             for t, opts in options_for(make_problem(tables, cluster, batch=4096)).items()}
+    assert grids == {"hot": [grid], **{f"t{i}": [] for i in range(6)}}
+    named = constrain(make_problem(tables, cluster, batch=4096), {"tables": [{"match": "t0", "schemes": ["table_wise", "grid_shard"]}]})
+    assert [o.label for o in options_for(named)["t0"]] == ["table_wise", "grid_shardx4", "grid_shardx8"]
 
 
 def test_memory_binds_and_is_respected():

@@ -6,6 +6,7 @@ of look-alike tables), and options whose largest shard cannot fit on any rank ar
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Iterable, Mapping, Sequence
 
@@ -64,16 +65,24 @@ def option_requests(
     return requests
 
 
-def offers_grid(table: str, options: Sequence[ShardingOption], work_ms: float, problem: PlanningProblem) -> bool:
-    """Whether a table gets grid options: where its constraints name grid_shard, or where it is
-    too hot for one node's row blocks (its table-row-wise shard above `work_ms`, the mean work
-    per rank of every table's cheapest option, which no plan's busiest rank is under). A grid
-    spreads such a table over nodes with collectives mostly within them; elsewhere it only adds
-    work (every block's node takes all of its ids) and options to search."""
-    if problem.constraints is not None and any(
-            isinstance(r, TableRule) and r.schemes and ShardingType.GRID_SHARD.value in r.schemes for r in problem.constraints.rules_for(table)):
-        return True
-    return any(o.sharding_type is ShardingType.TABLE_ROW_WISE and o.max_shard_ms > work_ms for o in options)
+def grid_shard_counts(table: TableSpec, options: Sequence[ShardingOption], work_ms: float, problem: PlanningProblem,
+                      int8_comms: bool) -> set[int]:
+    """The grids a table is offered, as shard counts: every one where its constraints name
+    grid_shard; else, where it is too hot for one node's row blocks (its table-row-wise shard
+    above `work_ms`, the mean work per rank of every table's cheapest option, which no plan's
+    busiest rank is under), the one of fewest column blocks that brings its shards under that
+    (each block's node takes all of the table's ids, so more blocks only add work), or its
+    finest; none elsewhere, where a grid only adds work and options to search."""
+    counts = shard_counts(table, ShardingType.GRID_SHARD, problem.cluster, int8_comms)
+    if problem.constraints is not None and any(isinstance(r, TableRule) and r.schemes and ShardingType.GRID_SHARD.value in r.schemes
+                                               for r in problem.constraints.rules_for(table.name)):
+        return set(counts)
+    node_rows = [o.max_shard_ms for o in options if o.sharding_type is ShardingType.TABLE_ROW_WISE and o.cache_fraction >= 1.0]
+    if not counts or not node_rows or min(node_rows) <= work_ms:
+        return set()
+    blocks = math.ceil(min(node_rows) / work_ms)
+    local = problem.cluster.ranks_per_node
+    return {next((n for n in counts if n // local >= blocks), counts[-1])}
 
 
 def _signature(table: TableSpec, access: TableAccess | None) -> tuple:
@@ -87,8 +96,8 @@ def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
 
 
 def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:
-    """Costed options per table name, in the order of `problem.tables`. Grids only where
-    `offers_grid` says, costed in a second round once the other options give the work bound.
+    """Costed options per table name, in the order of `problem.tables`. Grids only as
+    `grid_shard_counts` says, costed in a second round once the other options give the work bound.
 
     Raises InfeasiblePlanError naming the first table none of whose options fits on a rank.
     """
@@ -101,25 +110,30 @@ def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[s
         representative.setdefault(sigs[table.name], table)
     costed: dict[tuple, list[ShardingOption]] = {sig: [] for sig in representative}
 
-    def cost(tables: Mapping[tuple, TableSpec], schemes: Iterable[ShardingType]) -> None:
+    def cost(tables: Mapping[tuple, TableSpec], schemes: Iterable[ShardingType], keep=lambda sig, req: True) -> None:
         requests, owners = [], []
         for sig, table in tables.items():
             for req in option_requests(table, cluster, int8, sig[-1], problem.tiering, problem.training.batch_size_per_rank, schemes):
-                requests.append(req)
-                owners.append(sig)
+                if keep(sig, req):
+                    requests.append(req)
+                    owners.append(sig)
         for sig, option in zip(owners, cost_model.estimate(requests) if requests else []):
             costed[sig].append(option)
 
     cost(representative, [st for st in ShardingType if st is not ShardingType.GRID_SHARD])
     work_ms = sum(min((o.total_ms for o in costed[sigs[t.name]]), default=0.0) for t in problem.tables) / cluster.world_size
-    grid = {t.name for t in problem.tables if offers_grid(t.name, costed[sigs[t.name]], work_ms, problem)}
-    cost({sig: table for sig, table in representative.items() if any(sigs[name] == sig for name in grid)}, [ShardingType.GRID_SHARD])
+    grids = {t.name: grid_shard_counts(t, costed[sigs[t.name]], work_ms, problem, int8) for t in problem.tables}
+    wanted: dict[tuple, set[int]] = {}
+    for name, counts in grids.items():
+        wanted.setdefault(sigs[name], set()).update(counts)
+    cost({sig: table for sig, table in representative.items() if wanted.get(sig)}, [ShardingType.GRID_SHARD],
+         lambda sig, req: len(req.geometries) in wanted[sig])
 
     result = {}
     for table in problem.tables:
         sig = sigs[table.name]
         options = [o for o in costed[sig] if fits_one_rank(o, cluster)
-                   and (o.sharding_type is not ShardingType.GRID_SHARD or table.name in grid)]
+                   and (o.sharding_type is not ShardingType.GRID_SHARD or len(o.shards) in grids[table.name])]
         if not options:
             _raise_too_large(table, costed[sig], cluster)
         if problem.constraints is not None:
