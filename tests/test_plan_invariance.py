@@ -41,7 +41,8 @@ PLANS = {
 COLUMN_SPLIT = {"grid@2x2"}  # row-wise Adagrad's state per column block: other losses
 
 
-def problem(world: int, local: int) -> PlanningProblem:
+def problem(world: int, local: int | None = None) -> PlanningProblem:
+    local = local or world
     cluster = ClusterSpec(world // local, local, "cpu", 0, 8 * 1024**3, 8 * 1024**3, CostConstants(1.0, 4.0, 0.5, 1.0, 1.0))
     return PlanningProblem(TABLES, cluster, TrainingSpec(GLOBAL_BATCH // world, "rowwise_adagrad"))
 

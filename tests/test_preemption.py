@@ -25,7 +25,9 @@ def train(tmp_path: Path, out: str, steps: int, *extra: str) -> list[str]:
 
 
 def losses(out_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    """The losses logged so far; a line still being written (no newline yet) is not read."""
+    lines = (out_dir / "metrics.jsonl").read_text().split("\n")[:-1]
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
 
 
 def wait_for_step(out_dir: Path, step: int, proc: subprocess.Popen) -> None:

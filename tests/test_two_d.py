@@ -130,6 +130,6 @@ def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(t
     assert one_d.replication is None
     saved = tmp_path / "first" / "checkpoints" / "step_000000020"
     restored = run_on_ranks(_restored_tables, 4, str(config), str(tmp_path / "p1d.json"), str(saved), str(tmp_path / "restore"))
-    assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny"}
+    assert set(restored) == {"t_large", "t_medium", "t_small", "t_tiny", "t_grid"}
     for name, table in restored.items():
         assert torch.equal(table, next(v for k, v in exported.items() if k.endswith(f".{name}.weight"))), name
