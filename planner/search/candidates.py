@@ -78,7 +78,7 @@ def grid_shard_counts(table: TableSpec, options: Sequence[ShardingOption], work_
                                                for r in problem.constraints.rules_for(table.name)):
         return set(counts)
     node_rows = [o.max_shard_ms for o in options if o.sharding_type is ShardingType.TABLE_ROW_WISE and o.cache_fraction >= 1.0]
-    if not counts or not node_rows or min(node_rows) <= work_ms:
+    if not counts or not node_rows or not work_ms > 0 or min(node_rows) <= work_ms:
         return set()
     blocks = math.ceil(min(node_rows) / work_ms)
     local = problem.cluster.ranks_per_node
