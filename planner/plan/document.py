@@ -331,10 +331,9 @@ def check_placement(name: str, table: TablePlan, world: int, local: int, source:
     ranks = [s.rank for s in sorted(table.shards, key=lambda s: s.row_offset)]
     st = table.sharding_type
     if st == ShardingType.GRID_SHARD.value:
-        blocks = _column_blocks(table)
-        nodes = {block[0].rank // local for block in blocks}
-        if len(nodes) != len(blocks) or any([s.rank for s in block] != [block[0].rank // local * local + i for i in range(local)]
-                                            for block in blocks):
+        blocks = [[s.rank for s in block] for block in _column_blocks(table)]
+        nodes = [block[0] // local for block in blocks]
+        if len(set(nodes)) != len(blocks) or any(block != [n * local + i for i in range(local)] for n, block in zip(nodes, blocks)):
             raise PlanFormatError(f"{source}: grid_shard table {name!r} must put each column block's row block i on local "
                                   f"rank i of a node, one node a block")
     if st in ("row_wise", "data_parallel") and sorted(ranks) != list(range(world)):
