@@ -12,7 +12,6 @@ from typing import Iterable, Mapping, Sequence
 
 from planner.spec.access_stats import TableAccess, table_access
 from planner.cost.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
-from planner.spec.constraints import TableRule
 from planner.spec.errors import InfeasiblePlanError
 from planner.spec.schemes import CACHEABLE, compute_kernel_for, row_group, shard_counts, shard_geometry
 from planner.spec.specs import ClusterSpec, TableSpec, TieringSpec
@@ -74,8 +73,7 @@ def grid_shard_counts(table: TableSpec, options: Sequence[ShardingOption], work_
     (each block's node takes all of the table's ids, so more blocks only add work), or its
     finest; none elsewhere, where a grid only adds work and options to search."""
     counts = shard_counts(table, ShardingType.GRID_SHARD, problem.cluster, int8_comms)
-    if problem.constraints is not None and any(isinstance(r, TableRule) and r.schemes and ShardingType.GRID_SHARD.value in r.schemes
-                                               for r in problem.constraints.rules_for(table.name)):
+    if problem.constraints is not None and problem.constraints.names_scheme(table.name, ShardingType.GRID_SHARD.value):
         return set(counts)
     node_rows = [o.max_shard_ms for o in options if o.sharding_type is ShardingType.TABLE_ROW_WISE and o.cache_fraction >= 1.0]
     if not counts or not node_rows or not work_ms > 0 or min(node_rows) <= work_ms:

@@ -223,6 +223,10 @@ class Constraints:
         """The first rule on `table` that forbids `option`, or None."""
         return next((r for r in self.rules_for(table) if not r.allows(option)), None)
 
+    def names_scheme(self, table: str, scheme: str) -> bool:
+        """Whether a rule on `table` lists `scheme` among the schemes it allows: asked for by name."""
+        return any(r.schemes is not None and scheme in r.schemes for r in self.rules if r.applies_to(table))
+
     def excludes_tier(self, table: str, tier: str) -> bool:
         return any(r.tiers is not None and tier not in r.tiers for r in self.rules if r.applies_to(table))
 
