@@ -13,7 +13,7 @@ from planner.spec.errors import ConfigError
 from planner.search.greedy import choose_options, pack
 from planner.search.pattern_lp import PatternLP
 from planner.search import work
-from planner.search.solver import SolverConfig, _pattern_stage
+from planner.search.solver import SolverConfig, _LPBounds, _pattern_stage
 from planner.spec.placement_rules import RankRules
 from planner.spec.types import Perf, ShardCost, ShardGeometry, ShardingOption, ShardingType, Storage
 from tests.conftest import make_cluster, make_problem, table
@@ -74,10 +74,30 @@ def test_the_pattern_stage_raises_the_bound_validly_and_never_worsens_the_plan(t
     start = pack(choose_options(options, math.inf), problem.cluster)  # a poor start
     bound = shard_limited_bound_ms(options, ranks)
     unit_ms = bound / 20_000
-    best, best_peak, proven = _pattern_stage(PatternLP(options, ranks, unit_ms), options, problem.cluster, start, bound,
-                                             unit_ms, SolverConfig(), time.monotonic() + 60, RankRules(), work.now() + work.budget(60))
-    assert bound <= proven <= optimum * (1 + 1e-9)
+    lp = _LPBounds(PatternLP(options, ranks, unit_ms), unit_ms, bound)
+    best, best_peak = _pattern_stage(lp, options, problem.cluster, start, SolverConfig(), time.monotonic() + 60, RankRules(),
+                                     work.now() + work.budget(60))
+    assert bound <= lp.bound_ms <= optimum * (1 + 1e-9)
     assert best_peak == pytest.approx(peak(best, ranks)) and best_peak <= peak(start, ranks)
+    # a plan found later (the optimum) asks the LP for its own proof: the bound never passes it
+    assert lp.bound_ms <= lp.prove(optimum, bound, SolverConfig(), time.monotonic() + 60) <= optimum * (1 + 1e-9)
+
+
+def test_a_plan_found_after_the_lp_stage_is_proven_by_the_lp_where_it_can():
+    """Five tables of 0.6 ms on three ranks, the LP's optimum 1.2 ms (one rank holds two): a
+    1.2 ms plan is proven within the target gap by one check; for a 1.25 ms plan the check finds
+    a fractional plan, the bound stays and later caps above that one are not asked."""
+    options = {f"t{i}": [whole_table(f"t{i}", 0.6)] for i in range(5)}
+    unit_ms = 1.2 / 20_000
+    config = SolverConfig(target_gap=0.01)
+    lp = _LPBounds(PatternLP(options, 3, unit_ms), unit_ms, 1.0)
+    assert lp.prove(1.25, 1.0, config, FAR) == 1.0
+    assert lp.high_ms == pytest.approx(1.25 / 1.01)
+    proven = lp.prove(1.2, 1.0, config, FAR)
+    assert 1.2 / 1.01 <= proven <= 1.2 and lp.bound_ms == proven
+    fresh = _LPBounds(PatternLP(options, 3, unit_ms), unit_ms, 1.0)
+    fresh.high_ms = 1.15  # as if it had found a fractional plan under 1.15: a cap above that is not asked
+    assert fresh.prove(1.2, 1.0, config, FAR) == 1.0
 
 
 @pytest.mark.parametrize("setting", [{"pattern_checks": -1}, {"pattern_rounds": -1}])

@@ -267,6 +267,24 @@ def test_a_folded_plan_keeps_the_type_that_gives_the_shortest_step_not_the_most_
     assert step_ms(plan) < step_ms(all_table_wise) and plan.max_rank_ms < 0.75 * all_table_wise.max_rank_ms
 
 
+def test_a_re_solve_that_could_not_shorten_the_step_is_skipped_and_the_plan_is_the_same(monkeypatch):
+    """A hot table row-wise beside table-wise ones at a cheap collective: all table-wise puts the
+    hot table whole on one rank, and all row-wise splits every table, each bound above the mixed
+    plan's step, so neither re-solve runs; run anyway, neither would have been kept."""
+    from planner.plan import planning
+
+    tables = [table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(8)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=4, collective_latency_ms=0.005))
+    solves = []
+    solve = planning._solve
+    monkeypatch.setattr(planning, "_solve", lambda *args: solves.append(args[1]) or solve(*args))
+    plan = make_plan(problem)
+    assert len(solves) == 1 and {t.sharding_type for t in plan.tables.values()} == {"row_wise", "table_wise"}
+    monkeypatch.setattr(planning, "_step_bound_ms", lambda *args: 0.0)  # no bound: every re-solve runs
+    unpruned = make_plan(problem)
+    assert len(solves) == 4 and unpruned.tables == plan.tables and unpruned.step[0] == plan.step[0]
+
+
 def test_three_sharding_types_fold_into_one_where_each_fold_shortens_the_step():
     """Row-wise, column-wise and table-wise together at no collective cost; at a costly one,
     two re-solves (row-wise left out, then column-wise) leave one type and a shorter step."""

@@ -326,33 +326,41 @@ class _FreeShardMoves:
 
     def best(self, top: int, dst: int) -> tuple | None:
         """The move (shard, None) or swap (shard, shard) between the busiest rank `top` and
-        `dst` that lowers `top` most, or None."""
+        `dst` that lowers `top` most, or None: the first in order (moves, then swaps row by row)
+        to beat the best before it by more than 1e-12 and fit. Gains are priced as arrays, and
+        only the candidates that would beat the best so far are checked for room and rules."""
         loads, caps = self.loads, self.caps
-        peak = loads.ms[top]
-        gap = peak - loads.ms[dst]
-        # a move helps when the shard is smaller than the gap; best is half the gap
+        peak, low = loads.ms[top], loads.ms[dst]
+        on_top, on_dst = self.free_on[top], self.free_on[dst]
+        work.tick(1 + len(on_top) * (1 + len(on_dst)))  # the moves and swaps it may weigh
+        top_ms = np.fromiter((self.cost(item) for item in on_top), float, len(on_top))
         best, best_gain = None, 0.0
-        work.tick(1 + len(self.free_on[top]) * (1 + len(self.free_on[dst])))  # the moves and swaps it may weigh
-        for item in self.free_on[top]:
-            c = self.cost(item)
-            gain = peak - max(peak - c, loads.ms[dst] + c)
-            if gain > best_gain + 1e-12 and _fits(loads, caps, dst, self.need(item)) and self.occupancy.admits_move(item[0], top, dst):
-                best, best_gain = (item, None), gain
-        for a in self.free_on[top]:
-            ca = self.cost(a)
-            if ca * 2 <= best_gain:
-                continue
-            for b in self.free_on[dst]:
-                delta = ca - self.cost(b)
-                if delta <= 0 or delta >= gap:
-                    continue
-                gain = peak - max(peak - delta, loads.ms[dst] + delta)
-                if gain > best_gain + 1e-12:
-                    need_a, need_b = self.need(a), self.need(b)
-                    if (np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(loads.bytes[top] - need_a + need_b <= caps)
-                            and self.occupancy.admits_swap(a[0], top, b[0], dst)):
-                        best, best_gain = (a, b), gain
+        # a move helps when the shard is smaller than the gap; best is half the gap
+        move_gain = peak - np.maximum(peak - top_ms, low + top_ms)
+        for k in _improving(move_gain, best_gain):
+            if move_gain[k] > best_gain + 1e-12:
+                item = on_top[k]
+                if _fits(loads, caps, dst, self.need(item)) and self.occupancy.admits_move(item[0], top, dst):
+                    best, best_gain = (item, None), float(move_gain[k])
+        if not on_dst:
+            return best
+        dst_ms = np.fromiter((self.cost(item) for item in on_dst), float, len(on_dst))
+        delta = top_ms[:, None] - dst_ms[None, :]
+        swap_gain = np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf).ravel()
+        for k in _improving(swap_gain, best_gain):
+            if swap_gain[k] > best_gain + 1e-12:
+                a, b = on_top[k // len(on_dst)], on_dst[k % len(on_dst)]
+                need_a, need_b = self.need(a), self.need(b)
+                if (np.all(loads.bytes[dst] - need_b + need_a <= caps) and np.all(loads.bytes[top] - need_a + need_b <= caps)
+                        and self.occupancy.admits_swap(a[0], top, b[0], dst)):
+                    best, best_gain = (a, b), float(swap_gain[k])
         return best
+
+
+def _improving(gains: np.ndarray, floor: float) -> np.ndarray:
+    """Indices, in order, of the gains above `floor` by more than 1e-12: the only candidates a
+    scan that keeps the first strict improvement can take (its best only rises)."""
+    return np.flatnonzero(gains > floor + 1e-12)
 
 
 def refine_by_splitting(
