@@ -45,5 +45,7 @@ def provenance() -> dict[str, str]:
 
 
 def write_result(path: str | Path, doc: dict[str, Any]) -> None:
-    """A benchmark's result file, its provenance first."""
-    Path(path).write_text(json.dumps({"provenance": provenance(), **doc}, indent=1) + "\n")
+    """A benchmark's result file, its provenance (this run's) first; a provenance in `doc`, read
+    back from the file a benchmark adds to, is the run before's and is replaced."""
+    rest = {k: v for k, v in doc.items() if k != "provenance"}
+    Path(path).write_text(json.dumps({"provenance": provenance(), **rest}, indent=1) + "\n")
