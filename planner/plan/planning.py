@@ -116,7 +116,6 @@ def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
 def _step_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, rank_bound_ms: float) -> float:
     """A bound on the step of every plan over these options (bounds.step_lower_bound_ms), given a
     bound on their busiest rank."""
-    rank_bound_ms = max(rank_bound_ms, shard_limited_bound_ms(options_by_table, cluster.world_size))
     return step_lower_bound_ms(options_by_table, cluster.world_size, rank_bound_ms, lambda types: sharding_types_ms(types, cluster))
 
 
@@ -141,13 +140,15 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     best, resolves = solution, 0
     while closed:
         used = Counter(o.sharding_type for o in best.assignment.choice.values())
-        tried = []
+        best_step_ms, tried = _step_ms(best, cluster), []
         for drop in sorted(used, key=lambda t: (used[t], t.value)) if len(used) > 1 else ():
             allowed = set(used) - {drop}
             if sharding_types_ms(used, cluster) - sharding_types_ms(allowed, cluster) <= TYPE_MIN_GAIN * best.max_rank_ms:
                 continue
             options = {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in search.options_by_table.items()}
-            if _step_bound_ms(options, cluster, solution.lower_bound_ms) >= _step_ms(best, cluster) * (1 - TYPE_MIN_GAIN):
+            # the first solve's bound holds for these options too; their own shard-limited one may be higher
+            rank_bound_ms = max(solution.lower_bound_ms, shard_limited_bound_ms(options, cluster.world_size))
+            if _step_bound_ms(options, cluster, rank_bound_ms) >= best_step_ms * (1 - TYPE_MIN_GAIN):
                 continue  # no plan over these options could be kept
             if resolves == MAX_TYPE_RESOLVES:
                 break
@@ -163,7 +164,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
         if not tried:
             break
         candidate, candidate_closed = min(tried, key=lambda pair: _step_ms(pair[0], cluster))
-        if _step_ms(candidate, cluster) >= _step_ms(best, cluster) * (1 - TYPE_MIN_GAIN):
+        if _step_ms(candidate, cluster) >= best_step_ms * (1 - TYPE_MIN_GAIN):
             break
         closed = candidate_closed  # against its own, restricted, problem
         best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
