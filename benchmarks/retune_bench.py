@@ -9,6 +9,8 @@ Each mix (the cost-model benchmark's generated mixes, `--mixes`) is trained as 2
 - right: planned with --right (a profile calibrated on this machine), when given;
 - torchrec: TorchRec's planner (`--planner torchrec`);
 - table_wise: every table whole on one rank.
+With --kernels-from PROFILE, the wrong profile's arms run the CPU kernels PROFILE's calibration
+chose (a wrong profile's plans on this machine's kernels); --arms runs a subset.
 Runs alternate within a round, --repeats rounds. Per run: the wall time of the whole job (start
 to exit) and the steady state (median samples/s over the last --steady windows).
 
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, provenance, write_result
 from benchmarks.costmodel_bench import generate_mix, given_plan, write_config
-from dlrm_scale.run_config import load_problem
+from dlrm_scale.run_config import load_problem, measured_cpu_kernels
 
 RESULTS = ROOT / "benchmarks" / "results" / "retune.json"
 LOG_EVERY = 25
@@ -59,13 +61,31 @@ def run_job(config: Path, steps: int, out: Path, extra: list[str], plan=None) ->
             "reshard": [r["reshard"] for r in records if "reshard" in r]}
 
 
+ARMS = ("wrong", "retune", "torchrec", "table_wise", "right")
+
+
+def kernel_flags(profile: str | None) -> list[str]:
+    """The trainer flags that run the CPU kernels `profile`'s calibration chose (none: the
+    config's profile's own)."""
+    if profile is None:
+        return []
+    chosen = measured_cpu_kernels(profile)
+    return ["--cpu-embeddings", chosen["embeddings"], "--interaction", chosen["interaction"], "--store-io", chosen["store_io"]]
+
+
 def variants(config_for, problem_right, args) -> dict:
-    out = {"wrong": (config_for(args.wrong), [], None), "retune": (config_for(args.wrong), ["--retune"], None),
-           "torchrec": (config_for(args.wrong), ["--planner", "torchrec"], None),
-           "table_wise": (config_for(args.wrong), [], given_plan(problem_right, "table_wise"))}
+    wrong, kernels = config_for(args.wrong), kernel_flags(args.kernels_from)
+    out = {"wrong": (wrong, kernels, None), "retune": (wrong, [*kernels, "--retune"], None),
+           "torchrec": (wrong, [*kernels, "--planner", "torchrec"], None),
+           "table_wise": (wrong, kernels, given_plan(problem_right, "table_wise"))}
     if args.right:
         out["right"] = (config_for(args.right), [], None)
-    return out
+    return {name: arm for name, arm in out.items() if name in args.arms}
+
+
+def row_key(row: dict) -> tuple:
+    """A result row's identity: its mix, the wrong profile and whose CPU kernels that ran."""
+    return row["mix"], row.get("wrong_profile") or "", row.get("kernels_from") or ""
 
 
 def summary(runs: list[dict], steady: int) -> dict:
@@ -83,10 +103,15 @@ def main() -> int:
     ap.add_argument("--steady", type=int, default=10, help="windows (of 25 steps) the steady state is the median of")
     ap.add_argument("--wrong", default="h100_dgx")
     ap.add_argument("--right", help="a profile calibrated on this machine")
+    ap.add_argument("--kernels-from", help="the wrong profile's arms run the CPU kernels this profile's calibration chose")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="the arms to run (right only with --right)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < 10 * LOG_EVERY:
         ap.error("--repeats takes a whole number >= 1 and --steps at least 250")
+    references = {"torchrec", "table_wise"} | ({"right"} if args.right else set())
+    if not {"wrong", "retune"} <= set(args.arms) or not references & set(args.arms):
+        ap.error("--arms takes wrong, retune and at least one reference (right only with --right)")
     out = Path(args.out)
     kept = json.loads(out.read_text())["mixes"] if out.exists() else []
     rows = []
@@ -107,6 +132,7 @@ def main() -> int:
                     runs.setdefault(name, []).append(run_job(config, args.steps, folder / f"mix{mix}_{name}_{r}", extra, plan))
                     print(f"mix {mix} {name} round {r}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
             row = {"provenance": provenance(), "mix": mix, "tables": len(tables), "wrong_profile": args.wrong, "right_profile": args.right,
+                   "kernels_from": args.kernels_from,
                    **{name: summary(v, args.steady) for name, v in runs.items()},
                    "retune_decisions": [run["retune"] for run in runs["retune"]], "reshards": [run["reshard"] for run in runs["retune"]]}
             references = [row[n]["steady_median"] for n in ("right", "torchrec", "table_wise") if n in row]
@@ -117,16 +143,16 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("retune_decisions", "reshards")}), flush=True)
             # after each mix: a mix can take 40 minutes, and a run stopped later keeps those done
-            measured = {(r["mix"], r["wrong_profile"]) for r in rows}
-            others = [r for r in kept if (r["mix"], r.get("wrong_profile")) not in measured]
-            write_result(out, {"steps": args.steps, "repeats": args.repeats,
-                               "mixes": sorted(others + rows, key=lambda r: (r["mix"], r.get("wrong_profile") or ""))})
+            measured = {row_key(r) for r in rows}
+            others = [r for r in kept if row_key(r) not in measured]
+            write_result(out, {"steps": args.steps, "repeats": args.repeats, "mixes": sorted(others + rows, key=row_key)})
     print("| mix | tables | wrong profile | wrong plan's steady samples/s vs best reference | retuned vs best reference "
           "| retuned wall / wrong wall | moves |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         moves = sum(1 for run in r["retune_decisions"] for d in run if d.get("move"))
-        print(f"| {r['mix']} | {r['tables']} | {r['wrong_profile']} | {1 - r['wrong_off']:.3f} | {r['retune_vs_best']:.3f} "
+        wrong = r["wrong_profile"] + (f" ({r['kernels_from']}'s CPU kernels)" if r["kernels_from"] else "")
+        print(f"| {r['mix']} | {r['tables']} | {wrong} | {1 - r['wrong_off']:.3f} | {r['retune_vs_best']:.3f} "
               f"| {r['retune_wall_vs_wrong']:.3f} | {moves} in {len(r['retune_decisions'])} runs |")
     return 0
 
