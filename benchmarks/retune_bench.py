@@ -109,8 +109,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < 10 * LOG_EVERY:
         ap.error("--repeats takes a whole number >= 1 and --steps at least 250")
-    references = {"torchrec", "table_wise"} | ({"right"} if args.right else set())
-    if not {"wrong", "retune"} <= set(args.arms) or not references & set(args.arms):
+    reference_arms = {"torchrec", "table_wise"} | ({"right"} if args.right else set())
+    if not {"wrong", "retune"} <= set(args.arms) or not reference_arms & set(args.arms):
         ap.error("--arms takes wrong, retune and at least one reference (right only with --right)")
     out = Path(args.out)
     kept = json.loads(out.read_text())["mixes"] if out.exists() else []
