@@ -36,6 +36,8 @@ from pathlib import Path
 from benchmarks.common import ROOT, provenance, write_result
 from benchmarks.costmodel_bench import generate_mix, given_plan, write_config
 from dlrm_scale.run_config import load_problem, measured_cpu_kernels
+from planner.spec.config import hardware_path
+from planner.spec.errors import PlannerError
 
 RESULTS = ROOT / "benchmarks" / "results" / "retune.json"
 LOG_EVERY = 25
@@ -73,8 +75,8 @@ def kernel_flags(profile: str | None) -> list[str]:
     return ["--cpu-embeddings", chosen["embeddings"], "--interaction", chosen["interaction"], "--store-io", chosen["store_io"]]
 
 
-def variants(config_for, problem_right, args) -> dict:
-    wrong, kernels = config_for(args.wrong), kernel_flags(args.kernels_from)
+def variants(config_for, problem_right, args, kernels: list[str]) -> dict:
+    wrong = config_for(args.wrong)
     out = {"wrong": (wrong, kernels, None), "retune": (wrong, [*kernels, "--retune"], None),
            "torchrec": (wrong, [*kernels, "--planner", "torchrec"], None),
            "table_wise": (wrong, kernels, given_plan(problem_right, "table_wise"))}
@@ -112,6 +114,13 @@ def main() -> int:
     reference_arms = {"torchrec", "table_wise"} | ({"right"} if args.right else set())
     if not {"wrong", "retune"} <= set(args.arms) or not reference_arms & set(args.arms):
         ap.error("--arms takes wrong, retune and at least one reference (right only with --right)")
+    try:  # a profile that cannot be read: one line now, not a traceback minutes into the first mix
+        for profile in (args.wrong, args.right):
+            if profile is not None:
+                hardware_path(profile)
+        kernels = kernel_flags(args.kernels_from)
+    except PlannerError as e:
+        ap.error(str(e))
     out = Path(args.out)
     kept = json.loads(out.read_text())["mixes"] if out.exists() else []
     rows = []
@@ -128,7 +137,7 @@ def main() -> int:
             problem = load_problem(config_for(args.wrong))
             runs: dict[str, list[dict]] = {}
             for r in range(args.repeats):  # alternated: every variant sees the same moments of the machine
-                for name, (config, extra, plan) in variants(config_for, problem, args).items():
+                for name, (config, extra, plan) in variants(config_for, problem, args, kernels).items():
                     runs.setdefault(name, []).append(run_job(config, args.steps, folder / f"mix{mix}_{name}_{r}", extra, plan))
                     print(f"mix {mix} {name} round {r}: {runs[name][-1]['wall_s']:.1f} s", flush=True)
             row = {"provenance": provenance(), "mix": mix, "tables": len(tables), "wrong_profile": args.wrong, "right_profile": args.right,
