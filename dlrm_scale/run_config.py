@@ -262,6 +262,8 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: Path | None = None  # the hardware profile file it is priced with (None: a problem built in code)
     retune: RetuneConfig = RetuneConfig()
+    # the CPU kernel kinds (of CPU_KERNEL_CHOICES) no flag or config named: the profile's choice
+    kernels_from_profile: tuple[str, ...] = ()
 
     @property
     def tiering(self) -> TieringSpec:
@@ -287,19 +289,26 @@ def load_run_config(config_path: str | Path | None, overrides: Overrides = Overr
                                overrides.training(), overrides.stats)
     model = section_dataclass(doc, "model", ModelConfig, "config")
     profile = profile_file(doc, where, overrides.hardware)
-    return RunConfig(problem, model, train_config(doc, overrides, profile), checkpoint, profile)
+    train, from_profile = train_config(doc, overrides, profile)
+    return RunConfig(problem, model, train, checkpoint, profile, kernels_from_profile=from_profile)
 
 
-def train_config(doc: dict[str, Any], overrides: Overrides, profile: Path) -> TrainConfig:
+# each kind of CPU_KERNEL_CHOICES: the TrainConfig field that runs it
+KERNEL_FIELDS = {"embeddings": "cpu_embeddings", "interaction": "interaction", "store_io": "store_io"}
+
+
+def train_config(doc: dict[str, Any], overrides: Overrides, profile: Path) -> tuple[TrainConfig, tuple[str, ...]]:
+    """The train section with flags over it, each CPU kernel no flag or config named taken from
+    the profile (measured_cpu_kernels); and those kinds."""
     section = doc.get("train")
     if isinstance(section, dict) and "batch_size" in section:
         raise ConfigError("config: train: batch_size has one home, training: {batch_size_per_rank: N}; move it there")
     config = replace(section_dataclass(doc, "train", TrainConfig, "config"), **overrides.train())
-    if None in (config.cpu_embeddings, config.interaction, config.store_io):
+    unset = tuple(kind for kind, name in KERNEL_FIELDS.items() if getattr(config, name) is None)
+    if unset:
         measured = measured_cpu_kernels(profile)
-        config = replace(config, cpu_embeddings=config.cpu_embeddings or measured["embeddings"],
-                         interaction=config.interaction or measured["interaction"], store_io=config.store_io or measured["store_io"])
-    return config
+        config = replace(config, **{KERNEL_FIELDS[kind]: measured[kind] for kind in unset})
+    return config, unset
 
 
 def measured_cpu_kernels(hardware: Any) -> dict[str, str]:
@@ -325,6 +334,11 @@ def this_cpu() -> str:
     info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
     name = info.get("model name") or platform.processor() or platform.machine()
     return f"{name} (family {info['cpu family']}, model {info['model']})" if "cpu family" in info and "model" in info else name
+
+
+def measured_here(hardware: Any) -> bool:
+    """Whether a hardware profile records this CPU as the one it was measured on (`measured_on`)."""
+    return str(read_yaml(hardware_path(str(hardware)), "hardware profile").get("measured_on")) == this_cpu()
 
 
 def measured_elsewhere(hardware: Any) -> str | None:

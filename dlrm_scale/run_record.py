@@ -68,4 +68,5 @@ def run_from_document(doc: Any, where: str, hardware: str | None = None) -> RunC
     problem = problem_from_doc(doc, where, Path.cwd(), hardware=hardware)
     model = section_dataclass(doc, "model", ModelConfig, where)
     profile = profile_file(doc, where, hardware)
-    return RunConfig(problem, model, train_config(doc, Overrides(hardware=hardware), profile), profile=profile)
+    train, _ = train_config(doc, Overrides(hardware=hardware), profile)
+    return RunConfig(problem, model, train, profile=profile)

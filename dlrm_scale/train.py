@@ -24,6 +24,7 @@ from dlrm_scale.training.host_group import host_group, init_host_group
 from dlrm_scale.training import outcome, preemption, watchdog
 from dlrm_scale.training import checkpoint_layout as ckpt_layout
 from dlrm_scale.training.rank_end import end_rank
+from dlrm_scale.tuning.kernels import kinds_to_measure, with_kernels_measured_here
 from dlrm_scale.tuning.tuner import Tuner
 from planner.spec.errors import ConfigError, PlannerError
 from planner.plan.document import Plan
@@ -148,8 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         quiet.install(job.out_dir / f"third_party_rank{os.environ.get('RANK', 0)}.log")
         rank, world, device = init_distributed(job.collective_timeout_s)
         run = job.on_cluster(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), device.type)
-        elsewhere = measured_elsewhere(run.profile) if device.type == "cpu" and rank == 0 else None
-        if elsewhere:
+        kinds = kinds_to_measure(run, device.type)
+        if kinds:  # --retune: what the profile says of this CPU's kernels is measured instead
+            run = with_kernels_measured_here(run, kinds, rank)
+        elif device.type == "cpu" and rank == 0 and (elsewhere := measured_elsewhere(run.profile)):
             print(f"warning: {elsewhere}", flush=True)
         plan = obtain_plan(job, run, rank)
         check_plan_runs(plan, run, device.type, [rank])

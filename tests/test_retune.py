@@ -5,15 +5,19 @@ synthetic data whose hot set moves."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
+from dlrm_scale.run_config import this_cpu
 from dlrm_scale.tuning.decide import FITTED_PROFILE, MIN_GAIN, Candidate, MoveCost, choose, decide
 from planner.plan.document import Plan
 from planner.replan.replan import Replanned
@@ -262,6 +266,22 @@ def test_a_job_killed_mid_move_resumes_from_the_moves_checkpoint_under_either_pl
         assert _losses(d) == pytest.approx(still[MOVE_AT:], rel=1e-5)  # nothing lost, nothing trained twice
 
 
+def test_a_retuning_job_measures_the_kernels_its_profile_chose_elsewhere_and_no_flag_named(tmp_path):
+    from dlrm_scale.run_config import Overrides, RetuneConfig, load_run_config
+    from dlrm_scale.tuning.kernels import kinds_to_measure
+
+    def kinds(device="cpu", retune=True, **flags):
+        run = load_run_config(ROOT / "configs" / "tiny.yaml", Overrides(**flags))
+        return kinds_to_measure(replace(run, retune=RetuneConfig(enabled=retune)), device)
+
+    assert kinds(hardware="h100_dgx") == ("embeddings", "interaction")  # a datasheet: measured on no CPU
+    assert kinds(hardware="h100_dgx", interaction="torchrec") == ("embeddings",)  # a flag's kernel is the user's
+    assert kinds(hardware="h100_dgx", retune=False) == () and kinds("cuda", hardware="h100_dgx") == ()
+    here = tmp_path / "here.yaml"  # the same profile, measured on this CPU
+    here.write_text((ROOT / "configs" / "hardware" / "h100_dgx.yaml").read_text() + f"measured_on: {json.dumps(this_cpu())}\n")
+    assert kinds(hardware=str(here)) == ()
+
+
 @pytest.mark.distributed
 def test_a_retuning_job_decides_writes_its_profile_and_finishes(tmp_path):
     """The whole loop from the launcher: a tiny job priced with the datasheet h100_dgx profile
@@ -276,5 +296,14 @@ def test_a_retuning_job_decides_writes_its_profile_and_finishes(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     decisions = [r["retune"] for r in records if "retune" in r]
     assert decisions and all(d["why"] and d["decide_s"] > 0 for d in decisions)
-    assert (tmp_path / "out" / FITTED_PROFILE).read_text().startswith("# Fitted by `dlrm-scale train --retune`")
+    fitted = (tmp_path / "out" / FITTED_PROFILE).read_text()
+    assert fitted.startswith("# Fitted by `dlrm-scale train --retune`")
+    # the datasheet measured no CPU kernels: the job measured them, trained with them, and its profile keeps them
+    announced = re.search(r"CPU kernels measured here: embeddings (\w+) \(.*\); interaction (\w+) \(", run.stdout)
+    assert announced, run.stdout[-2000:]
+    ran = {(r["run"]["train"]["cpu_embeddings"], r["run"]["train"]["interaction"]) for r in records if "run" in r}
+    assert ran == {announced.groups()}
+    profile = yaml.safe_load(fitted)
+    assert profile["measured_on"] == this_cpu()
+    assert (profile["cpu_kernels"]["embeddings"], profile["cpu_kernels"]["interaction"]) == announced.groups()
 

@@ -111,13 +111,15 @@ def time_store_reads(directory: Path, repeats: int = 3, rows: int = 500_000, bat
     return times
 
 
-def choose_cpu_kernels(repeats: int = 3, store_directory: Path | None = None) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
-    """The faster of each pair by median time, and every time measured (ms per call); the
-    SSD store's reads timed in `store_directory` (None: not chosen)."""
+def choose_cpu_kernels(repeats: int = 3, store_directory: Path | None = None,
+                       kinds: tuple[str, ...] = ("embeddings", "interaction")) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
+    """The faster of each pair of `kinds` by median time, and every time measured (ms per call);
+    also the SSD store's reads, timed in `store_directory` (None: not chosen)."""
+    timers = {"embeddings": time_embeddings, "interaction": time_interactions}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a torchrun rank's share of a CPU
     try:
-        measured = {"embeddings": time_embeddings(repeats), "interaction": time_interactions(repeats)}
+        measured = {kind: timers[kind](repeats) for kind in kinds}
         if store_directory is not None:
             measured["store_io"] = time_store_reads(store_directory, repeats)
     finally:

@@ -34,8 +34,11 @@ def refit_from_runs(run_dirs: list[Path], start: str, out: Path, header: str | N
     return refit([load_run(d, start) for d in run_dirs], start, out, header)
 
 
-def refit(runs: list[MeasuredRun], start: str, out: Path, header: str | None = None) -> tuple[dict, Fit]:
-    """The same for runs already read back, priced with `start`."""
+def refit(runs: list[MeasuredRun], start: str, out: Path, header: str | None = None,
+          measured_on: str | None = None) -> tuple[dict, Fit]:
+    """The same for runs already read back, priced with `start`; `measured_on`: the CPU the runs
+    ran on where it is known (a job refitting itself), so that a job started from the profile on
+    that CPU takes its kernels as measured there."""
     kernels = {(r.run.train.cpu_embeddings, r.run.train.interaction) for r in runs}
     if len(kernels) > 1:
         raise ConfigError(f"calibrate --from-runs: the runs trained with different CPU kernels ({', '.join(sorted(map(str, kernels)))}); "
@@ -47,6 +50,8 @@ def refit(runs: list[MeasuredRun], start: str, out: Path, header: str | None = N
     (embeddings, interaction), = kernels
     # the kernels the constants describe (the store's, not refitted here, keep the profile's store_io)
     profile["cpu_kernels"] = {**(profile.get("cpu_kernels") or {}), "embeddings": embeddings, "interaction": interaction}
+    if measured_on is not None:
+        profile["measured_on"] = measured_on
     profile["fitted_on"] = {"runs": len(runs), "tables": f"{min(len(r.run.problem.tables) for r in runs)}-"
                             f"{max(len(r.run.problem.tables) for r in runs)}", "ranks": ",".join(sorted({str(r.plan.world_size) for r in runs}))}
     profile["fit_residuals"] = {k: round(v, 4) for k, v in fit.residuals.items()}

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from dlrm_scale.run_config import this_cpu
 from dlrm_scale.run_record import PHASE_GROUPS
 from dlrm_scale.tools.fit import compare, exercised
 from dlrm_scale.tools.refit import refit
@@ -130,7 +131,8 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     before = compare(measured)
     fitted_path = out_dir / FITTED_PROFILE
     _, fit = refit([measured, *earlier], profile, fitted_path,
-                   header=f"# Fitted by `dlrm-scale train --retune` to its own steps under {1 + len(earlier)} layouts, from {profile}.\n")
+                   header=f"# Fitted by `dlrm-scale train --retune` to its own steps under {1 + len(earlier)} layouts, from {profile}.\n",
+                   measured_on=this_cpu())
     refitted = load_run(out_dir, str(fitted_path))
     after = compare(refitted)
     run = refitted.run
