@@ -44,7 +44,8 @@ LOG_EVERY = 25
 
 
 def run_job(config: Path, steps: int, out: Path, extra: list[str], plan=None) -> dict:
-    """One job; its wall time, and its windows' samples/s and retune records."""
+    """One job; its wall time, the CPU kernels it trained with (a retuning job may measure its own),
+    and its windows' samples/s and retune records."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", str(config), "--steps", str(steps),
            "--out-dir", str(out), *extra]
@@ -59,7 +60,8 @@ def run_job(config: Path, steps: int, out: Path, extra: list[str], plan=None) ->
         raise RuntimeError(f"{out.name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     windows = [r["samples_per_s"] for r in records if "samples_per_s" in r]
-    return {"wall_s": wall, "windows_samples_per_s": windows, "retune": [r["retune"] for r in records if "retune" in r],
+    kernels = next(r["run"]["train"] for r in records if "run" in r)
+    return {"wall_s": wall, "kernels": kernels, "windows_samples_per_s": windows, "retune": [r["retune"] for r in records if "retune" in r],
             "reshard": [r["reshard"] for r in records if "reshard" in r]}
 
 
@@ -143,14 +145,15 @@ def main() -> int:
             row = {"provenance": provenance(), "mix": mix, "tables": len(tables), "wrong_profile": args.wrong, "right_profile": args.right,
                    "kernels_from": args.kernels_from,
                    **{name: summary(v, args.steady) for name, v in runs.items()},
-                   "retune_decisions": [run["retune"] for run in runs["retune"]], "reshards": [run["reshard"] for run in runs["retune"]]}
+                   "retune_decisions": [run["retune"] for run in runs["retune"]], "reshards": [run["reshard"] for run in runs["retune"]],
+                   "retune_kernels": [run["kernels"] for run in runs["retune"]]}
             references = [row[n]["steady_median"] for n in ("right", "torchrec", "table_wise") if n in row]
             row["best_reference_steady"] = max(references)
             row["wrong_off"] = 1 - row["wrong"]["steady_median"] / row["best_reference_steady"]
             row["retune_vs_best"] = row["retune"]["steady_median"] / row["best_reference_steady"]
             row["retune_wall_vs_wrong"] = row["retune"]["wall_median_s"] / row["wrong"]["wall_median_s"]
             rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k not in ("retune_decisions", "reshards")}), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("retune_decisions", "reshards", "retune_kernels")}), flush=True)
             # after each mix: a mix can take 40 minutes, and a run stopped later keeps those done
             measured = {row_key(r) for r in rows}
             others = [r for r in kept if row_key(r) not in measured]
