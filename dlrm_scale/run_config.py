@@ -336,20 +336,26 @@ def this_cpu() -> str:
     return f"{name} (family {info['cpu family']}, model {info['model']})" if "cpu family" in info and "model" in info else name
 
 
+def measured_on(hardware: Any) -> str | None:
+    """The CPU a hardware profile records it was measured on (its `measured_on`; None: not recorded)."""
+    value = read_yaml(hardware_path(str(hardware)), "hardware profile").get("measured_on")
+    return None if value is None else str(value)
+
+
 def measured_here(hardware: Any) -> bool:
-    """Whether a hardware profile records this CPU as the one it was measured on (`measured_on`)."""
-    return str(read_yaml(hardware_path(str(hardware)), "hardware profile").get("measured_on")) == this_cpu()
+    """Whether a hardware profile records this CPU as the one it was measured on."""
+    return measured_on(hardware) == this_cpu()
 
 
 def measured_elsewhere(hardware: Any) -> str | None:
     """Where a hardware profile was measured on another CPU than this one (its `measured_on`), what
     to say: its CPU kernels and constants are that machine's (FBGEMM's embedding kernel, chosen on
     an AMD EPYC, took 3.4x ours on an Intel Xeon). None where the same or not recorded."""
-    path = hardware_path(str(hardware))
-    measured_on, here = read_yaml(path, "hardware profile").get("measured_on"), this_cpu()
-    if measured_on is None or str(measured_on) == here:
+    where, here = measured_on(hardware), this_cpu()
+    if where is None or where == here:
         return None
-    return (f"hardware profile {path} was measured on {measured_on}, this machine is {here}: its cpu_kernels and "
+    path = hardware_path(str(hardware))
+    return (f"hardware profile {path} was measured on {where}, this machine is {here}: its cpu_kernels and "
             f"constants may not hold here; run 'dlrm-scale calibrate --kernels-only --out {path}' (or a full calibrate)")
 
 

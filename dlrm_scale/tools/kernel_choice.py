@@ -111,15 +111,18 @@ def time_store_reads(directory: Path, repeats: int = 3, rows: int = 500_000, bat
     return times
 
 
+# the kinds timed in memory, without the SSD store's folder
+TIMERS = {"embeddings": time_embeddings, "interaction": time_interactions}
+
+
 def choose_cpu_kernels(repeats: int = 3, store_directory: Path | None = None,
-                       kinds: tuple[str, ...] = ("embeddings", "interaction")) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
-    """The faster of each pair of `kinds` by median time, and every time measured (ms per call);
-    also the SSD store's reads, timed in `store_directory` (None: not chosen)."""
-    timers = {"embeddings": time_embeddings, "interaction": time_interactions}
+                       kinds: tuple[str, ...] = tuple(TIMERS)) -> tuple[dict[str, str], dict[str, dict[str, list[float]]]]:
+    """The faster of each pair of `kinds` (of TIMERS) by median time, and every time measured (ms
+    per call); also the SSD store's reads, timed in `store_directory` (None: not chosen)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a torchrun rank's share of a CPU
     try:
-        measured = {kind: timers[kind](repeats) for kind in kinds}
+        measured = {kind: TIMERS[kind](repeats) for kind in kinds}
         if store_directory is not None:
             measured["store_io"] = time_store_reads(store_directory, repeats)
     finally:

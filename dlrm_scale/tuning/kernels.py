@@ -19,9 +19,8 @@ from dataclasses import replace
 
 from dlrm_scale.bridge.broadcast import broadcast_text
 from dlrm_scale.run_config import KERNEL_FIELDS, RunConfig, measured_here
+from dlrm_scale.tools.kernel_choice import TIMERS, choose_cpu_kernels
 from dlrm_scale.training.host_group import host_group
-
-MEASURED_IN_JOB = ("embeddings", "interaction")
 
 
 def kinds_to_measure(run: RunConfig, device_type: str) -> tuple[str, ...]:
@@ -29,15 +28,13 @@ def kinds_to_measure(run: RunConfig, device_type: str) -> tuple[str, ...]:
     from a profile not measured on this CPU."""
     if device_type != "cpu" or not run.retune.enabled or run.profile is None or measured_here(run.profile):
         return ()
-    return tuple(kind for kind in MEASURED_IN_JOB if kind in run.kernels_from_profile)
+    return tuple(kind for kind in TIMERS if kind in run.kernels_from_profile)
 
 
 def with_kernels_measured_here(run: RunConfig, kinds: tuple[str, ...], rank: int) -> RunConfig:
     """`run` with each of `kinds` the faster kernel as rank 0 measured it (the same on every rank)."""
     text = None
     if rank == 0:
-        from dlrm_scale.tools.kernel_choice import choose_cpu_kernels
-
         chosen, times = choose_cpu_kernels(kinds=kinds)
         text = json.dumps(chosen)
         shown = "; ".join(f"{kind} {chosen[kind]} (" + ", ".join(f"{name} {statistics.median(ms):.2f} ms" for name, ms in times[kind].items()) + ")"
