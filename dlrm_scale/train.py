@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import sys
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,8 +112,9 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
 def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, out_dir: Path,
                       data_path: str | None, resume: bool, tuner=None):
     """Train `run` under `plan` and, each time the tuner moves the job, on under the new plan from
-    the checkpoint of the step it stopped at; yields each trainer as it starts. OUT_DIR/plan.json
-    is the plan the job trains under."""
+    the checkpoint of the step it stopped at; yields each trainer as it starts (a caller keeps
+    none past the next: a trainer that stopped for a move is let go, and the next one is built in
+    the memory its tables held, not beside them). OUT_DIR/plan.json is the plan the job trains under."""
     from dlrm_scale.training.trainer import Trainer
 
     if rank == 0:
@@ -140,6 +143,8 @@ def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: in
                       flush=True)
         saved = ckpt_layout.step_dir(run.checkpoint.directory, trainer.stopped_at)
         run, resume = replace(run, checkpoint=replace(run.checkpoint, resume_from=str(saved))), True
+        trainer = None
+        gc.collect()  # a sharded model's modules and hooks refer to each other: freed only by the collector
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,13 +162,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = obtain_plan(job, run, rank)
         check_plan_runs(plan, run, device.type, [rank])
         tuner = Tuner(run.retune, job.out_dir, str(run.profile), rank, run.checkpoint.directory) if run.retune.enabled else None
-        trainer = None
+        running = None
         try:
             for trainer in train_under_plans(run, plan, device, rank, world, job.out_dir, job.data_path, job.resume, tuner):
-                pass
+                running = weakref.ref(trainer)  # for the step a peer's failure stopped it at
+                del trainer
         except RuntimeError as e:
             if not watchdog.peer_failure(e):
                 raise
+            trainer = running() if running is not None else None
             line = watchdog.describe(trainer.step if trainer is not None else 0)
             outcome.report(job.out_dir, rank, line, watchdog.EXIT_CODE)
             print(f"error: {line}", file=sys.stderr, flush=True)

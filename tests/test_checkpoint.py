@@ -53,6 +53,26 @@ def losses(out_dir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_view_into_a_larger_buffer_is_saved_as_its_own_bytes_and_loads_back_equal(tmp_path, dtype):
+    """FBGEMM keeps a kernel's tables in one buffer, and a shard in a state dict is a view of it:
+    saved from that memory, only its bytes, whatever its dtype; torch's CRC setting left as it was."""
+    import torch.distributed.checkpoint as dcp
+
+    from dlrm_scale.training.checkpoint import dcp_save
+
+    buffer = torch.randn(4096, 64).to(dtype)
+    state = {"middle": buffer[1000:1500], "row": buffer[7], "whole": buffer.clone(), "counts": torch.arange(5)}
+    crc = torch.serialization.get_crc32_options()
+    dcp_save(state, tmp_path)
+    assert torch.serialization.get_crc32_options() == crc
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(back, checkpoint_id=str(tmp_path))
+    assert all(torch.equal(back[k], state[k]) for k in state)
+    written = sum(p.stat().st_size for p in tmp_path.glob("*.distcp"))
+    assert written < buffer.nbytes * 1.25  # the whole buffer once (its clone), the views only as large as they are
+
+
 def test_resume_is_bitwise_for_every_scheme(tmp_path):
     full = run_on_ranks(_train, 2, str(tmp_path / "full"), str(tmp_path / "ck_full"), 6, False, 3)
     run_on_ranks(_train, 2, str(tmp_path / "part"), str(tmp_path / "ck"), 3, False, 0)

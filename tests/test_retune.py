@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -206,7 +207,19 @@ def _train(rank, world, out_dir, move_to, start="table_wise@2", die_mid_move=Fal
     model = ModelConfig(num_dense_features=13, dense_arch=(32, 16), over_arch=(32, 1))
     run = run_config(problem(world), model, cfg, GLOBAL_BATCH // world, CheckpointConfig(Path(checkpoints or out / "ckpt"), 0, 2))
     tuner = MoveOnce(RetuneConfig(True, warmup_steps=2, window_steps=MOVE_AT - 2, times=1), out, "cpu_gloo", rank, out / "ckpt") if move_to else None
-    plans = [t.plan.tables for t in train_under_plans(run, plan_of(start), torch.device("cpu"), rank, world, out, None, resume, tuner)]
+    before = []
+    build_after_move = trainer_module.Trainer.__init__
+
+    def built_alone(self, *args, **kwargs):  # the real one; a trainer that stopped for a move is gone first
+        assert all(earlier() is None for earlier in before), "the next trainer is built beside the one before the move"
+        build_after_move(self, *args, **kwargs)
+        before.append(weakref.ref(self))
+
+    trainer_module.Trainer.__init__ = built_alone
+    plans = []
+    for trainer in train_under_plans(run, plan_of(start), torch.device("cpu"), rank, world, out, None, resume, tuner):
+        plans.append(trainer.plan.tables)
+        del trainer  # as the CLI keeps none
     return plans
 
 
@@ -280,6 +293,25 @@ def test_a_retuning_job_measures_the_kernels_its_profile_chose_elsewhere_and_no_
     here = tmp_path / "here.yaml"  # the same profile, measured on this CPU
     here.write_text((ROOT / "configs" / "hardware" / "h100_dgx.yaml").read_text() + f"measured_on: {json.dumps(this_cpu())}\n")
     assert kinds(hardware=str(here)) == ()
+
+
+TEXTS = ["{\"embeddings\": \"fbgemm\"}", "", "rang \u00e9 2, longer than the others"]
+
+
+def _gathered(rank, world):
+    from dlrm_scale.bridge.broadcast import gather_text
+
+    got = gather_text(None, TEXTS[rank])
+    assert got == TEXTS, (rank, got)  # on every rank, in rank order
+    return got
+
+
+@pytest.mark.distributed
+def test_every_rank_gets_every_ranks_text_in_rank_order():
+    """What the ranks measure of the kernels is shared as text of any length (none, too)."""
+    from dlrm_scale.tools.launch import run_on_ranks
+
+    assert run_on_ranks(_gathered, 3) == TEXTS
 
 
 @pytest.mark.distributed

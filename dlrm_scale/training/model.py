@@ -24,10 +24,18 @@ def table_of_key(key: str) -> str | None:
     return key[len(TABLE_KEY_PREFIX):-len(".weight")] if key.startswith(TABLE_KEY_PREFIX) and key.endswith(".weight") else None
 
 
-def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingBagConfig]:
+def _left_as_allocated(weights: torch.Tensor) -> torch.Tensor:
+    return weights
+
+
+def embedding_configs(tables: Sequence[TableSpec], torchrec_init: bool = True) -> list[EmbeddingBagConfig]:
+    """Without `torchrec_init`, TorchRec's sharded collection leaves each shard as its kernel
+    allocated it instead of drawing it again: a pass over every table's memory (1 s a GiB here)
+    whose values our initial weights (dlrm_scale.training.initial_weights) or a checkpoint replace."""
+    init = {} if torchrec_init else {"init_fn": _left_as_allocated}
     return [
         EmbeddingBagConfig(
-            name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings, feature_names=[feature_name(t.name)]
+            name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings, feature_names=[feature_name(t.name)], **init
         )
         for t in tables
     ]
@@ -40,7 +48,8 @@ def build_model(
     """DLRM's dense arch must end in the embedding dimension, which must be shared by all tables.
 
     Tables go on the meta device by default: DistributedModelParallel materialises only the
-    shards each rank holds. An unsharded reference model passes embedding_device="cpu".
+    shards each rank holds, and the trainer sets their weights. An unsharded reference model
+    passes embedding_device="cpu" (initialised as TorchRec does).
     `interaction` picks the dot interaction's implementation (dlrm_scale.kernels.interaction): the
     same function, so the same model, either way.
     """
@@ -48,7 +57,8 @@ def build_model(
     dense_arch = list(config.dense_arch)
     if dense_arch[-1] != dim:
         dense_arch.append(dim)  # the interaction needs the dense vector in embedding space
-    ebc = EmbeddingBagCollection(tables=embedding_configs(tables), device=torch.device(embedding_device))
+    ebc = EmbeddingBagCollection(tables=embedding_configs(tables, torchrec_init=embedding_device != "meta"),
+                                 device=torch.device(embedding_device))
     if config.arch == "dlrm":
         dlrm = DLRM(ebc, config.num_dense_features, dense_arch, list(config.over_arch), dense_device=device)
         if interaction == "dlrm_scale":

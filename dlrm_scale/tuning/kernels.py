@@ -6,8 +6,9 @@ them throughout: the datasheet h100_dgx profile measured none, so its CPU jobs r
 interaction, about twice ours here, for 9 of the 23 points its plan of the retune benchmark's
 mix 4 was below the calibrated run's.
 
-Rank 0 measures (the others wait) and sends the winners; every rank runs the same kernels. The
-job's refitted profile records them (dlrm_scale.tools.refit), so the next job starts from them.
+The ranks share the kinds out and measure at once, then exchange the winners; every rank runs
+the same kernels. The job's refitted profile records them (dlrm_scale.tools.refit), so the next
+job starts from them.
 The SSD store's read path is not measured here (it needs the store's disk): it stays the profile's.
 """
 
@@ -17,7 +18,9 @@ import json
 import statistics
 from dataclasses import replace
 
-from dlrm_scale.bridge.broadcast import broadcast_text
+import torch.distributed as dist
+
+from dlrm_scale.bridge.broadcast import gather_text
 from dlrm_scale.run_config import KERNEL_FIELDS, RunConfig, measured_here
 from dlrm_scale.tools.kernel_choice import TIMERS, choose_cpu_kernels
 from dlrm_scale.training.host_group import host_group
@@ -32,13 +35,16 @@ def kinds_to_measure(run: RunConfig, device_type: str) -> tuple[str, ...]:
 
 
 def with_kernels_measured_here(run: RunConfig, kinds: tuple[str, ...], rank: int) -> RunConfig:
-    """`run` with each of `kinds` the faster kernel as rank 0 measured it (the same on every rank)."""
-    text = None
+    """`run` with each of `kinds` the faster kernel as measured here (the same on every rank).
+    The kinds are shared out over the ranks, which measure at once, as they train: on one CPU
+    the measurements contend as the steps will."""
+    group = host_group()
+    world = dist.get_world_size(group)
+    chosen, times = choose_cpu_kernels(kinds=kinds[rank::world]) if kinds[rank::world] else ({}, {})
+    for share in map(json.loads, gather_text(group, json.dumps([chosen, times]))):
+        chosen, times = {**chosen, **share[0]}, {**times, **share[1]}
     if rank == 0:
-        chosen, times = choose_cpu_kernels(kinds=kinds)
-        text = json.dumps(chosen)
         shown = "; ".join(f"{kind} {chosen[kind]} (" + ", ".join(f"{name} {statistics.median(ms):.2f} ms" for name, ms in times[kind].items()) + ")"
                           for kind in kinds)
         print(f"retune: profile {run.profile} was not measured on this CPU; CPU kernels measured here: {shown}", flush=True)
-    chosen = json.loads(broadcast_text(host_group(), text))
     return replace(run, train=replace(run.train, **{KERNEL_FIELDS[kind]: chosen[kind] for kind in kinds}))
