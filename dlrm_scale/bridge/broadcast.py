@@ -32,7 +32,7 @@ def gather_text(pg: dist.ProcessGroup | None, text: str) -> list[str]:
     dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=device), group=pg)
     longest = max(int(size.item()) for size in sizes)
     mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+    mine[:len(data)] = torch.tensor(list(data), dtype=torch.uint8)
     buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(pg.size())]
     dist.all_gather(buffers, mine.to(device), group=pg)
     return [bytes(b[:int(n.item())].cpu().numpy()).decode() for b, n in zip(buffers, sizes)]

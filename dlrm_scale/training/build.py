@@ -4,6 +4,7 @@ and initial weights, the optimizers, and the data."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class Parts:
     eval_data: object
     cpu_kernel: object | None  # our row-wise Adagrad kernel, installed while the run lasts
     replicas: ReplicaGroups | None  # a 2D plan's groups (None: the tables are sharded over every rank)
+    initialise_s: float  # of the build, setting the tables' initial weights (which a resume loads instead)
 
 
 def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, data_path: str | None,
@@ -63,13 +65,16 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
                                  prefetch_thread=train.prefetch_thread,
                                  store_io=train.store_io or UNMEASURED_CPU_KERNELS["store_io"])
         tiered = TieredEmbeddings(model, plan, rank, runtime)
+    began = time.monotonic()
     if initialise:
         initialise_embeddings(model, {t.name: (t.num_embeddings, t.embedding_dim) for t in run.problem.tables}, train.seed, tiered)
+    initialise_s = time.monotonic() - began
     if ours_on_cpu:
         on_huge, large = back_with_huge_pages(model)
         if rank == 0 and large:
             print(f"rank 0: {on_huge / 2**30:.2f} of {large / 2**30:.2f} GiB of tables and optimizer state on huge pages", flush=True)
-    return Parts(model, timer, tiered, build_optimizer(model, run), *build_data(run, data_path, rank, world), cpu_kernel, replicas)
+    return Parts(model, timer, tiered, build_optimizer(model, run), *build_data(run, data_path, rank, world), cpu_kernel, replicas,
+                 initialise_s)
 
 
 def build_sharded_model(problem: PlanningProblem, plan: Plan, model_config: ModelConfig, lr: float, device: torch.device,

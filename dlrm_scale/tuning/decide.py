@@ -51,8 +51,9 @@ NEAR = 0.01  # points of the front this close to the fastest count as fast
 @dataclass
 class MoveCost:
     """What a move costs, in seconds: the job rebuilt under the new plan (`rebuild_s`, first its
-    own start-up) and its state saved and loaded through a checkpoint (`s_per_gib` of the model:
-    first the checkpoint folder's disk measured, `disk_s_per_gib`, then what the last move took)."""
+    own build, less setting initial weights, which a move loads) and its state saved and loaded
+    through a checkpoint (`s_per_gib` of the model: first the checkpoint folder's disk measured,
+    `disk_s_per_gib`, then what the last move took)."""
 
     rebuild_s: float
     s_per_gib: float
