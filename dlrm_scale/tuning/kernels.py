@@ -8,8 +8,8 @@ mix 4 was below the calibrated run's.
 
 The ranks share the kinds out and measure at once, then exchange the winners; every rank runs
 the same kernels. The job's refitted profile records them (dlrm_scale.tools.refit), so the next
-job starts from them.
-The SSD store's read path is not measured here (it needs the store's disk): it stays the profile's.
+job starts from them. The SSD store's read path is not measured here (it needs the store's
+disk): it stays the profile's.
 """
 
 from __future__ import annotations
