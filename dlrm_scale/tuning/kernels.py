@@ -40,7 +40,7 @@ def with_kernels_measured_here(run: RunConfig, kinds: tuple[str, ...], rank: int
     the measurements contend as the steps will."""
     group = host_group()
     world = dist.get_world_size(group)
-    chosen, times = choose_cpu_kernels(kinds=kinds[rank::world]) if kinds[rank::world] else ({}, {})
+    chosen, times = choose_cpu_kernels(kinds=kinds[rank::world])  # none: nothing measured
     for share in map(json.loads, gather_text(group, json.dumps([chosen, times]))):
         chosen, times = {**chosen, **share[0]}, {**times, **share[1]}
     if rank == 0:
