@@ -13,7 +13,9 @@ a hardware profile. dlrm_scale.bridge.torchrec_cost implements it from TorchRec'
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Iterable, Protocol, Sequence
 
 from planner.spec.specs import OPTIMIZER_STATE, PRECISION_ELEMENT_BYTES, PRECISION_ROW_OVERHEAD_BYTES, ClusterSpec, TableSpec, TrainingSpec
@@ -397,6 +399,9 @@ def shard_storage_bytes(rows: int, cols: int, optimizer: str, outputs: int) -> i
     return rows_bytes(rows, cols, optimizer) + 2 * outputs * cols * WEIGHT_BYTES
 
 
+_ROWS_COLS = itemgetter(2, 3)  # a ShardGeometry's (rows, cols)
+
+
 class AnalyticCostModel:
     """Costs from the formulas above and the constants of a hardware profile."""
 
@@ -410,19 +415,21 @@ class AnalyticCostModel:
         options = []
         own_share, every_share = exchange_shares(self.cluster)
         for req in requests:
-            cache: dict[tuple[int, int], tuple[ShardCost, Perf]] = {}  # RW and DP repeat one block shape on many ranks
-            shards, shared = [], Perf()
             split = req.sharding_type in ALL_TO_ALL_SCHEMES and every_share > 0
-            for g in req.geometries:
-                key = (g.rows, g.cols)
-                if key not in cache:
-                    perf = self.shard_perf(req, g)
-                    on_all = perf.comms_scaled(every_share) if split else Perf()
-                    own = perf + perf.comms_scaled(own_share - 1.0) if split else perf
-                    cache[key] = ShardCost(own, self.shard_storage(req, g)), on_all
-                cost, on_all = cache[key]
-                shards.append(cost)
-                shared = shared + on_all
+            # RW and DP repeat one block shape on many ranks: each shape costed once (on its first
+            # block), every rank's part of its collectives counted once per block of the shape
+            shapes = list(map(_ROWS_COLS, req.geometries))
+            first = dict(zip(reversed(shapes), reversed(req.geometries)))
+            counts = Counter(shapes)
+            cost: dict[tuple[int, int], ShardCost] = {}
+            shared = Perf()
+            for key, g in first.items():
+                perf = self.shard_perf(req, g)
+                own = perf + perf.comms_scaled(own_share - 1.0) if split else perf
+                cost[key] = ShardCost(own, self.shard_storage(req, g))
+                if split:
+                    shared = shared + perf.comms_scaled(every_share * counts[key])
+            shards = list(map(cost.__getitem__, shapes))
             if req.sharding_type in COLUMN_SCHEMES and len(req.geometries) > 1:
                 shared = shared + column_permute(req.table, self.cluster, self.training)
             options.append(

@@ -150,8 +150,11 @@ class ShardingOption:
             raise ValueError(f"option for '{self.table}': {len(self.geometries)} shards but {len(self.shards)} costs")
 
     def _per_shard(self, value) -> list:
-        distinct = {id(s): value(s) for s in self.shards}  # usually one or two distinct costs
-        return [distinct[id(s)] for s in self.shards]
+        """`value` of each shard, computed once per distinct cost (usually one or two; a row-wise
+        option on 1,024 ranks has 1,024 shards, so the loops over them stay in C)."""
+        ids = list(map(id, self.shards))
+        distinct = {i: value(s) for i, s in dict(zip(ids, self.shards)).items()}
+        return list(map(distinct.__getitem__, ids))
 
     @cached_property
     def shard_ms(self) -> np.ndarray:
