@@ -105,3 +105,25 @@ def test_a_slower_machine_balances_the_phases_as_a_faster_one(monkeypatch):
     slow = make_plan(problem, config=config)
     assert rounds and "+phases" in plan.solver
     assert {t: p.ranks for t, p in slow.tables.items()} == {t: p.ranks for t, p in plan.tables.items()}
+
+
+def test_a_round_that_all_ranks_join_starts_from_the_placement_as_it_is():
+    """40 tables of random size and pooling on 8 ranks, the solver's plan: CP-SAT left alone with
+    the placement only as a hint wandered off it and ended its rounds on longer steps (the step
+    stayed as it was); repairing the hint first and searching from there shortens it by 12%."""
+    import numpy as np
+
+    from planner.cost.cost_model import AnalyticCostModel
+    from planner.search.candidates import enumerate_options
+    from planner.search.solver import SolverConfig, solve
+
+    rng = np.random.default_rng(1)
+    tables = [table(f"t{i}", int(np.exp(rng.uniform(np.log(1e3), np.log(1e6)))), 64, float(np.exp(rng.uniform(0, np.log(100)))))
+              for i in range(40)]
+    problem = make_problem(tables, make_cluster(ranks_per_node=8))
+    options = enumerate_options(problem, AnalyticCostModel(problem.cluster, problem.training))
+    solution = solve(options, problem.cluster, SolverConfig(time_limit_s=1.0))
+    cap_ms = solution.max_rank_ms * 1.01
+    out = balance_phases(solution.assignment.copy(), problem.cluster, cap_ms, 1.0, time.monotonic() + 30)
+    assert barrier_step_ms(out, 8) <= 0.95 * barrier_step_ms(solution.assignment, 8)
+    assert RankLoads.of(out, 8).ms.max() <= cap_ms * (1 + 1e-6)

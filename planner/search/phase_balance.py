@@ -53,7 +53,8 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     """`assignment` with its free (any-rank) shards re-placed by CP-SAT to shorten the barrier
     step, a few ranks at a time, each rank's total at most `cap_ms` (or the busiest rank's as
     it was, if more); memory and the placement rules kept. Options, spread and node-bound
-    shards stay. A round is kept only when the step, recomputed exactly, got MIN_GAIN shorter. Changes
+    shards stay. A round is kept only when the step, recomputed exactly, got MIN_GAIN shorter;
+    after a round that was not, the next searches the other way (`_replace`'s `repair`). Changes
     `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
     depends on the input only; the wall-clock `deadline_s` is a safety net for a slow machine
     (a wall-clock limit of its own made two plans of one problem differ, round counts apart)."""
@@ -72,7 +73,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
             break  # the step is the busiest rank's: no phase waits for another rank
         ranks = _neighbourhood(loads, rng)
         placed, round_s = _replace(assignment, ranks, loads, cluster, peak_ms, unit_ms,
-                                   min(ROUND_DETERMINISTIC_S, budget_s - spent_s), deadline_s, seed, rules)
+                                   min(ROUND_DETERMINISTIC_S, budget_s - spent_s), deadline_s, seed, rules, stale % 2 == 0)
         spent_s += round_s
         if placed is not None:
             trial = assignment.copy()
@@ -84,8 +85,8 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
                 assignment.shard_ranks.update(trial.shard_ranks)
                 stale = 0
                 continue
-        if len(ranks) == world:
-            break  # every rank was in the model: another round would solve the same one
+        if len(ranks) == world and stale % 2 == 1:
+            break  # every rank was in the model, searched both ways: another round would solve the same one
         stale += 1
     return assignment
 
@@ -107,10 +108,10 @@ def _neighbourhood(loads: np.ndarray, rng: np.random.Generator) -> list[int]:
 
 
 def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluster: ClusterSpec, cap_ms: float, unit_ms: float,
-             budget_s: float, deadline_s: float, seed: int, rules: RankRules) -> tuple[list[tuple[str, int, int]] | None, float]:
+             budget_s: float, deadline_s: float, seed: int, rules: RankRules, repair: bool) -> tuple[list[tuple[str, int, int]] | None, float]:
     """The free shards on `ranks` placed among them to minimise the sum over phases of each
     phase's busiest rank (the ranks left out counting as they are), None if CP-SAT found none;
-    and the deterministic seconds it spent."""
+    and the deterministic seconds it spent. `repair`: CP-SAT starts from the placement as it is."""
     items = free_shards(assignment, ranks)
     if not items:
         return None, 0.0
@@ -142,6 +143,11 @@ def _replace(assignment: Assignment, ranks: list[int], loads: np.ndarray, cluste
     hint_placement(model, x, items, ranks, assignment)
     model.Minimize(sum(top))
     solver = solver_parameters(budget_s, deadline_s - time.monotonic(), seed)
+    # `repair`: search from the hint (the placement as it is) repaired; otherwise the hint only
+    # guides a search that leaves it. The first alone found nothing on some problems the second
+    # shortened, and the second ended on longer steps than the hint, or none, on others (100
+    # tables on 8 ranks: every round), so balance_phases alternates them.
+    solver.parameters.repair_hint = repair
     placed = None
     status = solver.Solve(model)
     wall_clock.note_cpsat(solver, "phase balance")
