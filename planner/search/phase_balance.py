@@ -53,14 +53,14 @@ def barrier_step_ms(assignment: Assignment, world_size: int) -> float:
 
 
 def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, budget_s: float, deadline_s: float,
-                   seed: int = 0, rules: RankRules = RankRules()) -> Assignment:
+                   seed: int = 0, rules: RankRules = RankRules(), rounds: bool = True) -> Assignment:
     """`assignment` with its free (any-rank) shards re-placed to shorten the barrier step:
     exchanges (shorten_by_exchanges, EXCHANGE_WORK_SHARE of the budget in counted work), then
     CP-SAT a few ranks at a time, each rank's total at most `cap_ms` (or the busiest rank's as
     it was, if more); memory and the placement rules kept. Options, spread and node-bound
-    shards stay. A round is kept only when the step, recomputed exactly, got MIN_GAIN shorter;
-    after a round that was not, the next searches the other way (`_replace`'s `repair`). Changes
-    `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
+    shards stay. `rounds`: whether the CP-SAT rounds follow. A round is kept only when the
+    step, recomputed exactly, got MIN_GAIN shorter; after a round that was not, the next
+    searches the other way (`_replace`'s `repair`). Changes `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
     depends on the input only; the wall-clock `deadline_s` is a safety net for a slow machine
     (a wall-clock limit of its own made two plans of one problem differ, round counts apart)."""
     world = cluster.world_size
@@ -71,7 +71,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     unit_ms = peak_ms / TICKS_PER_PEAK
     shorten_by_exchanges(assignment, cluster, peak_ms, deadline_s, rules, work.now() + work.budget(EXCHANGE_WORK_SHARE * budget_s))
     stale, spent_s = 0, 0.0
-    while stale < STALE_ROUNDS and spent_s < budget_s:
+    while rounds and stale < STALE_ROUNDS and spent_s < budget_s:
         if wall_clock.passed(deadline_s, "phase balance"):
             break
         loads = phase_loads(assignment, world)
