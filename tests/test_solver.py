@@ -277,7 +277,7 @@ def test_a_re_solve_that_could_not_shorten_the_step_is_skipped_and_the_plan_is_t
     problem = make_problem(tables, make_cluster(ranks_per_node=4, collective_latency_ms=0.005))
     solves = []
     solve = planning._solve
-    monkeypatch.setattr(planning, "_solve", lambda *args: solves.append(args[1]) or solve(*args))
+    monkeypatch.setattr(planning, "_solve", lambda *args, **kwargs: solves.append(args[1]) or solve(*args, **kwargs))
     plan = make_plan(problem)
     assert len(solves) == 1 and {t.sharding_type for t in plan.tables.values()} == {"row_wise", "table_wise"}
     monkeypatch.setattr(planning, "_step_bound_ms", lambda *args: 0.0)  # no bound: every re-solve runs
