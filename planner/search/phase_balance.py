@@ -24,6 +24,7 @@ from planner.search.cpsat import solver_parameters
 from planner.spec.placement_rules import RankRules
 from planner.search.repair import free_shards, hint_placement, limit_memory, placement_vars
 from planner.spec.specs import ClusterSpec
+from planner.spec.types import TIERS
 from planner.cost.step import PHASES, perf_phase_ms, shard_phase_ms, step_ms
 
 # Ranks re-placed together in one CP-SAT model: all of them up to this many; on larger
@@ -60,9 +61,10 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     it was, if more); memory and the placement rules kept. Options, spread and node-bound
     shards stay. `rounds`: whether the CP-SAT rounds follow. A round is kept only when the
     step, recomputed exactly, got MIN_GAIN shorter; after a round that was not, the next
-    searches the other way (`_replace`'s `repair`). Changes `assignment`. The rounds stop on `budget_s` of CP-SAT's deterministic time, so the plan
-    depends on the input only; the wall-clock `deadline_s` is a safety net for a slow machine
-    (a wall-clock limit of its own made two plans of one problem differ, round counts apart)."""
+    searches the other way (`_replace`'s `repair`). Changes `assignment`. The rounds stop on
+    `budget_s` of CP-SAT's deterministic time, so the plan depends on the input only; the
+    wall-clock `deadline_s` is a safety net for a slow machine (a wall-clock limit of its own
+    made two plans of one problem differ, round counts apart)."""
     world = cluster.world_size
     if world < 2:
         return assignment
@@ -107,36 +109,53 @@ def shorten_by_exchanges(assignment: Assignment, cluster: ClusterSpec, cap_ms: f
     few at a time on large clusters (synthetic 1,000 x 128: the solver's step 35.0 ms, 30.8 after
     0.4 s of exchanges, where the rounds alone reached 32.9). Stops on its counted work
     (`work_until`), the wall clock a ceiling. Changes `assignment`."""
-    world = cluster.world_size
-    items = free_shards(assignment, list(range(world)))
-    if not items:
-        return assignment
-    phases = {t: shard_phase_ms(assignment.choice[t]) for t in {t for t, _ in items}}
-    vec = np.array([phases[t][i] for t, i in items])
-    need = np.array([assignment.choice[t].shard_bytes[i] for t, i in items])
-    where = np.array([assignment.shard_ranks[t][i] for t, i in items])
-    loads, used, caps = phase_loads(assignment, world), RankLoads.of(assignment, world).bytes, rank_capacities(cluster)
-    occupancy = rules.occupancy(assignment.shard_ranks)
-    limit = cap_ms * (1 + 1e-9)
-    # Exchanges of one shard s: a move to each rank (nothing comes back), then a swap with each
-    # free shard t (t comes back from its rank); what comes back, per exchange:
-    back_ms = np.vstack([np.zeros((world, vec.shape[1])), vec])
-    back_bytes = np.vstack([np.zeros((world, need.shape[1]), dtype=need.dtype), need])
-    while not work.stop(work_until, deadline_s, "phase balance"):
+    shards = _FreeShards(assignment, cluster, rules)
+    while shards.items and not work.stop(work_until, deadline_s, "phase balance"):
+        best = shards.best_exchange(cap_ms * (1 + 1e-9))
+        if best is None:
+            break
+        shards.exchange(*best)
+    return assignment
+
+
+class _FreeShards:
+    """The free shards of an assignment as arrays (each one's phase times, bytes and rank), each
+    rank's phase loads and bytes, and exchanges of them that keep all of it up to date."""
+
+    def __init__(self, assignment: Assignment, cluster: ClusterSpec, rules: RankRules) -> None:
+        world = cluster.world_size
+        self.assignment, self.world = assignment, world
+        self.items = free_shards(assignment, list(range(world)))
+        phases = {t: shard_phase_ms(assignment.choice[t]) for t in {t for t, _ in self.items}}
+        self.ms = np.array([phases[t][i] for t, i in self.items]).reshape(-1, len(PHASES))
+        self.bytes = np.array([assignment.choice[t].shard_bytes[i] for t, i in self.items], dtype=np.int64).reshape(-1, len(TIERS))
+        self.rank = np.array([assignment.shard_ranks[t][i] for t, i in self.items], dtype=np.int64)
+        self.loads, self.used = phase_loads(assignment, world), RankLoads.of(assignment, world).bytes
+        self.caps, self.occupancy = rank_capacities(cluster), rules.occupancy(assignment.shard_ranks)
+        # The exchanges of one shard: a move to each rank (nothing comes back), then a swap with
+        # each free shard (it comes back from its rank); what comes back, per exchange:
+        self.back_ms = np.vstack([np.zeros((world, len(PHASES))), self.ms])
+        self.back_bytes = np.vstack([np.zeros((world, len(TIERS)), dtype=np.int64), self.bytes])
+
+    def best_exchange(self, limit_ms: float) -> tuple[int, int | None, int] | None:
+        """(shard, shard swapped back or None, partner rank) of the exchange, from a phase's
+        busiest rank, that shortens the step most (then evens the loads most), or None."""
+        loads, world = self.loads, self.world
         step = loads.max(axis=0).sum()
         order = np.argsort(-loads, axis=0, kind="stable")[:3]  # each phase's three busiest ranks, and their loads
         top = np.take_along_axis(loads, order, axis=0)
         if world < 3:
-            order = np.vstack([order, np.full((3 - world, loads.shape[1]), -1)])
-            top = np.vstack([top, np.zeros((3 - world, loads.shape[1]))])
-        best = None
+            order = np.vstack([order, np.full((3 - world, len(PHASES)), -1)])
+            top = np.vstack([top, np.zeros((3 - world, len(PHASES)))])
+        best, best_key = None, None
         for a in sorted(set(order[0].tolist())):
-            for s in np.flatnonzero(where == a):
-                work.tick(len(back_ms))
-                to = np.concatenate([np.arange(world), where])  # the partner rank of each exchange
-                new_a, new_b = loads[a] - vec[s] + back_ms, loads[to] + vec[s] - back_ms
-                keep = ((to != a) & (new_a.sum(axis=1) <= limit) & (new_b.sum(axis=1) <= limit)
-                        & np.all(used[a] - need[s] + back_bytes <= caps, axis=1) & np.all(used[to] + need[s] - back_bytes <= caps, axis=1))
+            for s in np.flatnonzero(self.rank == a):
+                work.tick(len(self.back_ms))
+                to = np.concatenate([np.arange(world), self.rank])  # the partner rank of each exchange
+                new_a, new_b = loads[a] - self.ms[s] + self.back_ms, loads[to] + self.ms[s] - self.back_ms
+                keep = ((to != a) & (new_a.sum(axis=1) <= limit_ms) & (new_b.sum(axis=1) <= limit_ms)
+                        & np.all(self.used[a] - self.bytes[s] + self.back_bytes <= self.caps, axis=1)
+                        & np.all(self.used[to] + self.bytes[s] - self.back_bytes <= self.caps, axis=1))
                 if not keep.any():
                     continue
                 # each phase's busiest rank other than a and the partner: the first of its three busiest that is neither
@@ -146,27 +165,28 @@ def shorten_by_exchanges(assignment: Assignment, cluster: ClusterSpec, cap_ms: f
                 evened = (new_a ** 2 + new_b ** 2 - loads[a] ** 2 - loads[to] ** 2).sum(axis=1)
                 better = keep & ((new_step < step * (1 - 1e-9)) | ((new_step <= step) & (evened < -1e-9 * step * step)))
                 for k in np.flatnonzero(better)[np.lexsort((evened[better], new_step[better]))]:
-                    if best is not None and (new_step[k], evened[k]) >= best[0]:
+                    if best_key is not None and (new_step[k], evened[k]) >= best_key:
                         break
                     t = k - world if k >= world else None
-                    if (occupancy.admits_move(items[s][0], a, int(to[k])) if t is None
-                            else occupancy.admits_swap(items[s][0], a, items[t][0], int(to[k]))):
-                        best = ((new_step[k], evened[k]), s, t, int(to[k]))
+                    if (self.occupancy.admits_move(self.items[s][0], a, int(to[k])) if t is None
+                            else self.occupancy.admits_swap(self.items[s][0], a, self.items[t][0], int(to[k]))):
+                        best, best_key = (int(s), t, int(to[k])), (new_step[k], evened[k])
                         break
-        if best is None:
-            break
-        _, s, t, b = best
-        a = int(where[s])
-        for item, src, dst in [(s, a, b)] + ([(t, b, a)] if t is not None else []):
-            loads[src] -= vec[item]
-            loads[dst] += vec[item]
-            used[src] -= need[item]
-            used[dst] += need[item]
-            occupancy.add(items[item][0], src, -1)
-            occupancy.add(items[item][0], dst)
-            where[item] = dst
-            assignment.shard_ranks[items[item][0]][items[item][1]] = dst
-    return assignment
+        return best
+
+    def exchange(self, s: int, t: int | None, partner: int) -> None:
+        """Shard s to `partner`, and shard t (if any) from there to s's rank."""
+        home = int(self.rank[s])
+        for item, src, dst in [(s, home, partner)] + ([(t, partner, home)] if t is not None else []):
+            table, index = self.items[item]
+            self.loads[src] -= self.ms[item]
+            self.loads[dst] += self.ms[item]
+            self.used[src] -= self.bytes[item]
+            self.used[dst] += self.bytes[item]
+            self.occupancy.add(table, src, -1)
+            self.occupancy.add(table, dst)
+            self.rank[item] = dst
+            self.assignment.shard_ranks[table][index] = dst
 
 
 def _neighbourhood(loads: np.ndarray, rng: np.random.Generator) -> list[int]:
