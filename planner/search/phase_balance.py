@@ -147,22 +147,23 @@ class _FreeShards:
         if world < 3:
             order = np.vstack([order, np.full((3 - world, len(PHASES)), -1)])
             top = np.vstack([top, np.zeros((3 - world, len(PHASES)))])
+        to = np.concatenate([np.arange(world), self.rank])  # the partner rank of each exchange
+        loads_to, used_to = loads[to], self.used[to]
         best, best_key = None, None
         for a in sorted(set(order[0].tolist())):
+            # each phase's busiest rank other than a and the partner: the first of its three busiest that is neither
+            rest = np.where((order[0] != a) & (order[0] != to[:, None]), top[0],
+                            np.where((order[1] != a) & (order[1] != to[:, None]), top[1], top[2]))
             for s in np.flatnonzero(self.rank == a):
                 work.tick(len(self.back_ms))
-                to = np.concatenate([np.arange(world), self.rank])  # the partner rank of each exchange
-                new_a, new_b = loads[a] - self.ms[s] + self.back_ms, loads[to] + self.ms[s] - self.back_ms
+                new_a, new_b = loads[a] - self.ms[s] + self.back_ms, loads_to + self.ms[s] - self.back_ms
                 keep = ((to != a) & (new_a.sum(axis=1) <= limit_ms) & (new_b.sum(axis=1) <= limit_ms)
                         & np.all(self.used[a] - self.bytes[s] + self.back_bytes <= self.caps, axis=1)
-                        & np.all(self.used[to] + self.bytes[s] - self.back_bytes <= self.caps, axis=1))
+                        & np.all(used_to + self.bytes[s] - self.back_bytes <= self.caps, axis=1))
                 if not keep.any():
                     continue
-                # each phase's busiest rank other than a and the partner: the first of its three busiest that is neither
-                rest = np.where((order[0] != a) & (order[0] != to[:, None]), top[0],
-                                np.where((order[1] != a) & (order[1] != to[:, None]), top[1], top[2]))
                 new_step = np.maximum(rest, np.maximum(new_a, new_b)).sum(axis=1)
-                evened = (new_a ** 2 + new_b ** 2 - loads[a] ** 2 - loads[to] ** 2).sum(axis=1)
+                evened = (new_a ** 2 + new_b ** 2 - loads[a] ** 2 - loads_to ** 2).sum(axis=1)
                 better = keep & ((new_step < step * (1 - 1e-9)) | ((new_step <= step) & (evened < -1e-9 * step * step)))
                 for k in np.flatnonzero(better)[np.lexsort((evened[better], new_step[better]))]:
                     if best_key is not None and (new_step[k], evened[k]) >= best_key:
