@@ -2,8 +2,11 @@
 under the shard-limited bound, and more where whole shards cannot share ranks evenly; its
 fractional plans seed the search (planner.search.solver._pattern_stage)."""
 
+import itertools
 import math
 import time
+
+import numpy as np
 
 import pytest
 
@@ -11,7 +14,7 @@ from planner.search.bounds import shard_limited_bound_ms
 from planner.search.cpsat import to_ticks
 from planner.spec.errors import ConfigError
 from planner.search.greedy import choose_options, pack
-from planner.search.pattern_lp import PatternLP
+from planner.search.pattern_lp import PatternLP, _best_pattern
 from planner.search import work
 from planner.search.solver import SolverConfig, _LPBounds, _pattern_stage
 from planner.spec.placement_rules import RankRules
@@ -98,6 +101,25 @@ def test_a_plan_found_after_the_lp_stage_is_proven_by_the_lp_where_it_can():
     fresh = _LPBounds(PatternLP(options, 3, unit_ms), unit_ms, 1.0)
     fresh.high_ms = 1.15  # as if it had found a fractional plan under 1.15: a cap above that is not asked
     assert fresh.prove(1.2, 1.0, config, FAR) == 1.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_pricing_knapsack_finds_the_best_pattern_and_its_value(seed):
+    """Against every count of every class (brute force): the pattern fits the cap and the
+    limits and is worth the best, and the value returned is the best's to float rounding, which
+    REFUTE_MARGIN covers (a smaller one would let Farley's bound refute a cap a plan meets)."""
+    rng = np.random.default_rng(seed)
+    classes = 5
+    ticks = rng.integers(0, 40, classes)
+    values = np.where(rng.random(classes) < 0.8, rng.random(classes) * rng.choice([1e-6, 1.0, 1e3]), 0.0)
+    limit = rng.integers(0, 4, classes)
+    cap = int(rng.integers(1, 120))
+    best = max(float(np.dot(counts, values)) for counts in itertools.product(*(range(n + 1) for n in limit))
+               if np.dot(counts, ticks) <= cap)
+    value, pattern = _best_pattern(values, ticks, limit, cap)
+    assert sum(ticks[c] * n for c, n in pattern.items()) <= cap and all(n <= limit[c] for c, n in pattern.items())
+    assert sum(values[c] * n for c, n in pattern.items()) == pytest.approx(best, rel=1e-12, abs=1e-300)
+    assert value == pytest.approx(best, rel=1e-12, abs=1e-300)
 
 
 @pytest.mark.parametrize("setting", [{"pattern_checks": -1}, {"pattern_rounds": -1}])

@@ -61,6 +61,23 @@ def test_class_model_under_a_cap_refutes_below_the_optimum_and_plans_at_it(table
 
 
 @pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
+def test_the_class_model_stops_at_its_first_plan_better_than_the_hint_under_the_stop(tables, ranks):
+    """`stop_at_ms`: the search ends at the first plan better than its hint at or under it,
+    before any proof; a stop no plan reaches leaves the search to its optimum."""
+    problem = make_problem(tables, make_cluster(ranks_per_node=ranks), batch=4096)
+    options = options_for(problem)
+    optimum = brute_force_peak(options, problem.cluster)
+    start = pack(choose_options(options, math.inf), problem.cluster)  # a poor start
+    model = ClassModel(options, problem.cluster, start, unit_ms=optimum / 20_000)
+    full = model.solve(5.0, 10.0, seed=0)
+    assert full.optimal and peak(full.assignment, ranks) == pytest.approx(optimum, rel=1e-3)
+    stopped = model.solve(5.0, 10.0, seed=0, stop_at_ms=peak(start, ranks))
+    assert not stopped.optimal and peak(stopped.assignment, ranks) < peak(start, ranks)
+    unreached = model.solve(5.0, 10.0, seed=0, stop_at_ms=optimum * 0.9)
+    assert unreached.optimal and peak(unreached.assignment, ranks) == pytest.approx(optimum, rel=1e-3)
+
+
+@pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
 def test_probes_climb_from_the_bound_to_the_optimum(tables, ranks):
     """Small steps up from the shard-limited bound close the gap on small problems, and no
     step proves a bound above the optimum."""

@@ -386,6 +386,7 @@ class ClassModel:
         self.model, self.peak, self.cluster, self.unit_ms = model, peak, cluster, unit_ms
         self.decode, self.class_members, self.counts, self.left_out = decode, class_members, counts, left_out
         self.floor_ticks, self.horizon = floor, horizon
+        self.hint_ticks = _hinted_peak_ticks(hint, world, unit_ms) if hint.choice else horizon + 1
 
     def _add_packing_cuts(self, model: cp_model.CpModel, cap_ticks: int) -> None:
         """Cuts from dual-feasible functions, valid while every rank carries at most `cap_ticks`.
@@ -406,12 +407,13 @@ class ClassModel:
             model.Add(sum(v * choose for v, choose in terms if v) <= k * world)
 
     def solve(self, max_deterministic_s: float, max_wall_s: float, seed: int, relative_gap: float = 0.0,
-              peak_at_most_ms: float | None = None, cuts: bool = False) -> ClassModelResult:
+              peak_at_most_ms: float | None = None, cuts: bool = False, stop_at_ms: float | None = None) -> ClassModelResult:
         """The best plan found, or (with `peak_at_most_ms`) any plan with every rank at or under
         it; a proof that none exists is a bound (`optimal` with no assignment). `cuts`: CP-SAT's
         full linear relaxation with its cuts (linearization level 2), which refutes caps the
         default cannot (26 MLPerf tables on 16 ranks: 6.44 ms in 1.7 deterministic s, where the
-        default had not in 60 s) but slows the search for plans."""
+        default had not in 60 s) but slows the search for plans. `stop_at_ms`: the search ends
+        at its first plan better than the hint with its busiest rank at or under it."""
         world, local, unit_ms = self.cluster.world_size, self.cluster.ranks_per_node, self.unit_ms
         # a cap on a tick must not lose that tick to the float division's rounding
         cap = self.horizon if peak_at_most_ms is None else min(self.horizon, to_ticks(peak_at_most_ms * (1 + 1e-12), unit_ms))
@@ -424,7 +426,7 @@ class ClassModel:
             if peak_at_most_ms is not None:  # a copy: the packing cuts hold for this cap only
                 model = self.model.clone()
                 self._add_packing_cuts(model, cap)
-        status = solver.Solve(model)
+        status = solver.Solve(model, None if stop_at_ms is None else _StopAt(min(to_ticks(stop_at_ms, unit_ms), self.hint_ticks - 1)))
         wall_clock.note_cpsat(solver, "class model probes" if peak_at_most_ms is not None else "class model")
         spent = solver.deterministic_time
         if status == cp_model.INFEASIBLE and peak_at_most_ms is not None:
@@ -449,6 +451,18 @@ class ClassModel:
         quota = {c: [solver.Value(v) for v in n] for c, n in self.counts.items()}
         placed = _place_by_counts(out, self.class_members, quota, self.cluster)
         return ClassModelResult(out if placed else None, bound, status == cp_model.OPTIMAL, spent)
+
+
+class _StopAt(cp_model.CpSolverSolutionCallback):
+    """Ends a search at its first plan whose busiest rank is at or under `ticks`."""
+
+    def __init__(self, ticks: int) -> None:
+        super().__init__()
+        self.ticks = ticks
+
+    def on_solution_callback(self) -> None:
+        if self.ObjectiveValue() <= self.ticks:
+            self.StopSearch()
 
 
 def _hint_free_twins(hint: Assignment, options_by_table: Mapping[str, Sequence[ShardingOption]]) -> Assignment:
