@@ -190,26 +190,27 @@ def _least_loaded_with_room(
     """Each shard in `order` onto the least-loaded rank with memory for it that `occupancy`
     admits (its pins, its keep-apart groups as placed so far), updating `loads`. Returns the
     placements, or (None, the option that found no room) leaving `loads` as it was."""
-    ms, used = loads.ms.copy(), loads.bytes.copy()
+    # Python numbers, not arrays: a shard's check is three comparisons, which numpy makes slower
+    ms, used, room = loads.ms.tolist(), loads.bytes.tolist(), caps.tolist()
     scratch = occupancy.copy()
-    heap = [(float(ms[r]), r) for r in range(len(ms))]
+    heap = [(ms[r], r) for r in range(len(ms))]
     heapq.heapify(heap)
     placed = []
     for option, i in order:
-        need = _shard_bytes(option, i)
+        need = option.shard_bytes[i].tolist()
         skipped = []
         while heap:
             _, rank = heapq.heappop(heap)
-            if (used[rank] + need <= caps).all() and scratch.admits(option.table, rank):
+            if all(u + n <= c for u, n, c in zip(used[rank], need, room)) and scratch.admits(option.table, rank):
                 break
-            skipped.append((float(ms[rank]), rank))
+            skipped.append((ms[rank], rank))
         else:
             return None, option
         placed.append(((option, i), rank))
         scratch.add(option.table, rank)
-        ms[rank] += option.shard_ms[i]
-        used[rank] += need
-        heapq.heappush(heap, (float(ms[rank]), rank))
+        ms[rank] += float(option.shard_ms[i])
+        used[rank] = [u + n for u, n in zip(used[rank], need)]
+        heapq.heappush(heap, (ms[rank], rank))
         for entry in skipped:
             heapq.heappush(heap, entry)
     loads.ms[:], loads.bytes[:] = ms, used
@@ -276,9 +277,11 @@ def local_search(assignment: Assignment, cluster: ClusterSpec, rules: RankRules 
     for _ in range(max_rounds):
         work.tick(world)  # the ranks sorted by load
         top = int(np.argmax(loads.ms))
-        for dst in np.argsort(loads.ms, kind="stable")[: min(world, 16)]:
-            dst = int(dst)
-            if dst == top:
+        dsts = [int(d) for d in np.argsort(loads.ms, kind="stable")[: min(world, 16)] if d != top]
+        hopeful = None  # once the least loaded rank took nothing: the ranks where best() may find something
+        for dst in dsts:
+            if hopeful is not None and dst not in hopeful:  # best() would weigh its candidates and find none
+                work.tick(moves.candidates(top, dst))
                 continue
             best = moves.best(top, dst)
             if best is not None:
@@ -287,6 +290,8 @@ def local_search(assignment: Assignment, cluster: ClusterSpec, rules: RankRules 
                 if b is not None:
                     moves.relocate(b, dst, top)
                 break
+            if hopeful is None:
+                hopeful = moves.hopeful(top, dsts[1:])
         else:
             break
     return assignment
@@ -301,19 +306,18 @@ class _FreeShardMoves:
         self.loads = RankLoads.of(assignment, cluster.world_size)
         self.occupancy = rules.occupancy(assignment.shard_ranks)
         self.free_on: dict[int, list[tuple[str, int]]] = {r: [] for r in range(cluster.world_size)}
+        self.ms: dict[tuple[str, int], float] = {}  # each free shard's time, looked up on every search step
         for table, option in assignment.choice.items():
             if option.placement is Placement.ANY_RANK:
-                for i, r in enumerate(assignment.shard_ranks[table]):
+                for i, (r, ms) in enumerate(zip(assignment.shard_ranks[table], option.shard_ms.tolist())):
                     self.free_on[r].append((table, i))
-
-    def cost(self, item: tuple[str, int]) -> float:
-        return self.assignment.choice[item[0]].shard_ms[item[1]]
+                    self.ms[table, i] = ms
 
     def need(self, item: tuple[str, int]) -> np.ndarray:
         return _shard_bytes(self.assignment.choice[item[0]], item[1])
 
     def relocate(self, item: tuple[str, int], src: int, dst: int) -> None:
-        c, need = self.cost(item), self.need(item)
+        c, need = self.ms[item], self.need(item)
         self.loads.ms[src] -= c
         self.loads.ms[dst] += c
         self.loads.bytes[src] -= need
@@ -324,6 +328,28 @@ class _FreeShardMoves:
         self.occupancy.add(item[0], dst)
         self.assignment.shard_ranks[item[0]][item[1]] = dst
 
+    def candidates(self, top: int, dst: int) -> int:
+        """The moves and swaps between `top` and `dst` that best() weighs (its counted work)."""
+        return 1 + len(self.free_on[top]) * (1 + len(self.free_on[dst]))
+
+    def hopeful(self, top: int, dsts: list[int]) -> set[int]:
+        """The ranks among `dsts` with a move or swap that would lower `top`, priced as best()
+        prices them before room and rules, all at once: best() finds nothing on the others (a
+        local optimum's last round weighs 15 ranks, one array operation each)."""
+        loads = self.loads.ms
+        peak = loads[top]
+        top_ms = np.fromiter(map(self.ms.__getitem__, self.free_on[top]), float, len(self.free_on[top]))[:, None]
+        low = loads[dsts][None, :]
+        moving = (peak - np.maximum(peak - top_ms, low + top_ms) > 1e-12).any(axis=0)
+        found = {d for d, yes in zip(dsts, moving.tolist()) if yes}
+        rest = [(d, item) for d in dsts if d not in found for item in self.free_on[d]]
+        if rest and len(top_ms):
+            low = loads[[d for d, _ in rest]][None, :]
+            delta = top_ms - np.fromiter((self.ms[item] for _, item in rest), float, len(rest))[None, :]
+            gain = np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf)
+            found.update(d for (d, _), yes in zip(rest, (gain > 1e-12).any(axis=0).tolist()) if yes)
+        return found
+
     def best(self, top: int, dst: int) -> tuple | None:
         """The move (shard, None) or swap (shard, shard) between the busiest rank `top` and
         `dst` that lowers `top` most, or None: the first in order (moves, then swaps row by row)
@@ -332,8 +358,8 @@ class _FreeShardMoves:
         loads, caps = self.loads, self.caps
         peak, low = loads.ms[top], loads.ms[dst]
         on_top, on_dst = self.free_on[top], self.free_on[dst]
-        work.tick(1 + len(on_top) * (1 + len(on_dst)))  # the moves and swaps it may weigh
-        top_ms = np.fromiter((self.cost(item) for item in on_top), float, len(on_top))
+        work.tick(self.candidates(top, dst))
+        top_ms = np.fromiter(map(self.ms.__getitem__, on_top), float, len(on_top))
         best, best_gain = None, 0.0
         # a move helps when the shard is smaller than the gap; best is half the gap
         move_gain = peak - np.maximum(peak - top_ms, low + top_ms)
@@ -344,7 +370,7 @@ class _FreeShardMoves:
                     best, best_gain = (item, None), float(move_gain[k])
         if not on_dst:
             return best
-        dst_ms = np.fromiter((self.cost(item) for item in on_dst), float, len(on_dst))
+        dst_ms = np.fromiter(map(self.ms.__getitem__, on_dst), float, len(on_dst))
         delta = top_ms[:, None] - dst_ms[None, :]
         swap_gain = np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf).ravel()
         for k in _improving(swap_gain, best_gain):
