@@ -77,6 +77,31 @@ def test_the_class_model_stops_at_its_first_plan_better_than_the_hint_under_the_
     assert unreached.optimal and peak(unreached.assignment, ranks) == pytest.approx(optimum, rel=1e-3)
 
 
+def test_local_search_ends_where_no_move_or_swap_lowers_the_busiest_rank():
+    """Random tables on 16 ranks, placed at random: local search stops only where no move of a
+    shard off the busiest rank, and no swap of one with a shard of another rank, puts both ranks
+    below it (brute force), whichever ranks its array pricing passed over."""
+    from tests.test_phase_balance import placed, table_wise
+
+    rng = np.random.default_rng(7)
+    options = {f"t{i}": table_wise(f"t{i}", compute_ms=float(rng.uniform(0, 10))) for i in range(60)}
+    start = placed({t: int(rng.integers(16)) for t in options}, options)
+    out = local_search(start.copy(), make_cluster(ranks_per_node=16))
+    loads = RankLoads.of(out, 16).ms
+    assert loads.max() < 0.8 * RankLoads.of(start, 16).ms.max()
+    top = int(np.argmax(loads))
+    ms = {t: float(options[t].shard_ms[0]) for t in options}
+    on_top = [t for t in options if out.shard_ranks[t] == [top]]
+    for t in on_top:
+        for d in range(16):
+            assert d == top or max(loads[top] - ms[t], loads[d] + ms[t]) >= loads[top] - 1e-12, (t, d)
+        for u in options:
+            d = out.shard_ranks[u][0]
+            if d != top:
+                delta = ms[t] - ms[u]
+                assert max(loads[top] - delta, loads[d] + delta) >= loads[top] - 1e-12, (t, u)
+
+
 @pytest.mark.parametrize("tables, ranks", NEEDS_SPLIT)
 def test_probes_climb_from_the_bound_to_the_optimum(tables, ranks):
     """Small steps up from the shard-limited bound close the gap on small problems, and no
