@@ -340,14 +340,13 @@ class _FreeShardMoves:
         peak = loads[top]
         top_ms = np.fromiter(map(self.ms.__getitem__, self.free_on[top]), float, len(self.free_on[top]))[:, None]
         low = loads[dsts][None, :]
-        moving = (peak - np.maximum(peak - top_ms, low + top_ms) > 1e-12).any(axis=0)
+        moving = (_move_gain(peak, low, top_ms) > 1e-12).any(axis=0)
         found = {d for d, yes in zip(dsts, moving.tolist()) if yes}
         rest = [(d, item) for d in dsts if d not in found for item in self.free_on[d]]
         if rest and len(top_ms):
             low = loads[[d for d, _ in rest]][None, :]
             delta = top_ms - np.fromiter((self.ms[item] for _, item in rest), float, len(rest))[None, :]
-            gain = np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf)
-            found.update(d for (d, _), yes in zip(rest, (gain > 1e-12).any(axis=0).tolist()) if yes)
+            found.update(d for (d, _), yes in zip(rest, (_swap_gain(peak, low, delta) > 1e-12).any(axis=0).tolist()) if yes)
         return found
 
     def best(self, top: int, dst: int) -> tuple | None:
@@ -361,8 +360,7 @@ class _FreeShardMoves:
         work.tick(self.candidates(top, dst))
         top_ms = np.fromiter(map(self.ms.__getitem__, on_top), float, len(on_top))
         best, best_gain = None, 0.0
-        # a move helps when the shard is smaller than the gap; best is half the gap
-        move_gain = peak - np.maximum(peak - top_ms, low + top_ms)
+        move_gain = _move_gain(peak, low, top_ms)
         for k in _improving(move_gain, best_gain):
             if move_gain[k] > best_gain + 1e-12:
                 item = on_top[k]
@@ -372,7 +370,7 @@ class _FreeShardMoves:
             return best
         dst_ms = np.fromiter(map(self.ms.__getitem__, on_dst), float, len(on_dst))
         delta = top_ms[:, None] - dst_ms[None, :]
-        swap_gain = np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf).ravel()
+        swap_gain = _swap_gain(peak, low, delta).ravel()
         for k in _improving(swap_gain, best_gain):
             if swap_gain[k] > best_gain + 1e-12:
                 a, b = on_top[k // len(on_dst)], on_dst[k % len(on_dst)]
@@ -381,6 +379,17 @@ class _FreeShardMoves:
                         and self.occupancy.admits_swap(a[0], top, b[0], dst)):
                     best, best_gain = (a, b), float(swap_gain[k])
         return best
+
+
+def _move_gain(peak: float, low, shard_ms: np.ndarray) -> np.ndarray:
+    """How far the busiest rank (`peak`) falls when a shard moves to a rank at `low`: a move
+    helps when the shard is smaller than the gap; best is half the gap."""
+    return peak - np.maximum(peak - shard_ms, low + shard_ms)
+
+
+def _swap_gain(peak: float, low, delta: np.ndarray) -> np.ndarray:
+    """The same for swaps that move `delta` ms net off the busiest rank (-inf where none helps)."""
+    return np.where((delta > 0) & (delta < peak - low), peak - np.maximum(peak - delta, low + delta), -np.inf)
 
 
 def _improving(gains: np.ndarray, floor: float) -> np.ndarray:
