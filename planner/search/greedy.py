@@ -334,8 +334,8 @@ class _FreeShardMoves:
 
     def hopeful(self, top: int, dsts: list[int]) -> set[int]:
         """The ranks among `dsts` with a move or swap that would lower `top`, priced as best()
-        prices them before room and rules, all at once: best() finds nothing on the others (a
-        local optimum's last round weighs 15 ranks, one array operation each)."""
+        prices them before room and rules, all at once: best() finds nothing on the others (at a
+        local optimum, a round called it for each of up to 15 ranks, a few array operations each)."""
         loads = self.loads.ms
         peak = loads[top]
         top_ms = np.fromiter(map(self.ms.__getitem__, self.free_on[top]), float, len(self.free_on[top]))[:, None]
