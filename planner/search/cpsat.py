@@ -372,8 +372,9 @@ class ClassModel:
         horizon = sum(max(to_ticks(o.total_ms, unit_ms) for o in opts) for opts in options_by_table.values()) + 1
         floor = min(to_ticks(known_bound_ms, unit_ms), horizon)
         peak = model.NewIntVar(floor, horizon, "peak")
+        hint_ticks = _hinted_peak_ticks(hint, world, unit_ms) if hint.choice else horizon + 1  # no hint: every plan is better
         if hint.choice:  # without the peak the hint is incomplete, and CP-SAT completes it at the horizon
-            model.AddHint(peak, max(floor, _hinted_peak_ticks(hint, world, unit_ms)))
+            model.AddHint(peak, max(floor, hint_ticks))
         for r in range(world):
             model.Add(sum(c * v for c, v in load[r]) <= peak)
         for ti in range(len(TIERS)):
@@ -385,8 +386,7 @@ class ClassModel:
         model.Minimize(peak)
         self.model, self.peak, self.cluster, self.unit_ms = model, peak, cluster, unit_ms
         self.decode, self.class_members, self.counts, self.left_out = decode, class_members, counts, left_out
-        self.floor_ticks, self.horizon = floor, horizon
-        self.hint_ticks = _hinted_peak_ticks(hint, world, unit_ms) if hint.choice else horizon + 1
+        self.floor_ticks, self.horizon, self.hint_ticks = floor, horizon, hint_ticks
 
     def _add_packing_cuts(self, model: cp_model.CpModel, cap_ticks: int) -> None:
         """Cuts from dual-feasible functions, valid while every rank carries at most `cap_ticks`.

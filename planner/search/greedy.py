@@ -197,7 +197,7 @@ def _least_loaded_with_room(
     heapq.heapify(heap)
     placed = []
     for option, i in order:
-        need = option.shard_bytes[i].tolist()
+        need = _shard_bytes(option, i).tolist()
         skipped = []
         while heap:
             _, rank = heapq.heappop(heap)
