@@ -130,7 +130,7 @@ def plan_summary(plan, problem: PlanningProblem) -> dict:
     if rep is not None:
         ring = 2 * (rep.replicas - 1) / rep.replicas  # of its buffer a rank sends in a ring all-reduce
         row.update(sync_ms=rep.sync_ms, sync_ms_per_step=rep.sync_ms_per_step,
-                   sync_mb_per_step=ring * synced_bytes(plan, t.embedding_optimizer) / 1e6 / rep.sync_every_steps)
+                   sync_mb_per_step=ring * synced_bytes(plan, t.embedding_optimizer, rep.sync_every_steps) / 1e6 / rep.sync_every_steps)
     return row
 
 

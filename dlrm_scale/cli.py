@@ -296,7 +296,7 @@ def run_plan(args: argparse.Namespace) -> int:
     two_d = args.sync_every is not None or args.group_size is not None
     if two_d:
         if args.sync_every is None:
-            raise ConfigError("--group-size shards over groups replicated and averaged every N steps: give --sync-every N too")
+            raise ConfigError("--group-size shards over groups replicated and synced every N steps: give --sync-every N too")
         check_sync_every(args.sync_every)
         if old is not None or args.compare or args.cost_model != "ours":
             raise ConfigError("--sync-every plans 2D with our cost model from scratch; drop --from, --compare and --cost-model torchrec")

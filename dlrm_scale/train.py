@@ -98,11 +98,11 @@ def check_plan_runs(plan: Plan, run: RunConfig, device: str, ranks: list[int]) -
     training = run.problem.training
     check_precisions_trainable({n: t.sharding_type for n, t in plan.tables.items()}, training.fwd_comm_precision,
                                training.bwd_comm_precision, device)
+    cached = [n for n, t in plan.tables.items() if t.cached]
+    if plan.replication is not None and cached:  # a sync's copy of a cached table would be the whole table in device memory
+        raise ConfigError(f"plan is 2D and caches table '{cached[0]}'; 2D keeps every sharded table and its replicas' copy in "
+                          f"device memory: re-plan with dlrm-scale plan --sync-every N, or 1D")
     if device == "cpu":
-        cached = [n for n, t in plan.tables.items() if t.cached]
-        if plan.replication is not None and cached:  # the CPU tiers keep one store per shard, not one per replica
-            raise ConfigError(f"plan is 2D and caches table '{cached[0]}'; 2D training on CPU keeps every table in memory: re-plan "
-                              f"with more cluster.ddr_gib_per_node, or 1D")
         resident_plan(plan)  # a cached table that cannot be cached on CPU is one line, here
         check_row_cache_rows(plan)
         store = run.train.store_dir

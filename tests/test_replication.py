@@ -14,7 +14,7 @@ from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes, sh
 from planner.plan.document import Plan, PlanFormatError, table_layout
 from planner.plan.planning import make_plan
 from planner.plan import replication
-from planner.plan.replication import group_cluster, group_sizes, plan_replicated, predicted_step_ms, sync_ms
+from planner.plan.replication import group_cluster, group_sizes, held_bytes_per_rank, plan_replicated, predicted_step_ms, sync_ms
 from planner.search.solver import SolverConfig
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import TrainingSpec
@@ -34,6 +34,7 @@ def test_group_sizes_are_those_dmpcollection_can_lay_out():
     two = group_cluster(cluster, 32)  # replicas in pairs inside a node: each group has 4 ranks on each of 8 nodes
     assert (two.num_nodes, two.ranks_per_node) == (8, 4)
     assert two.ddr_bytes_per_node == cluster.ddr_bytes_per_node // 2
+    assert two.hbm_bytes_per_rank == cluster.hbm_bytes_per_rank // 2  # the other half: the copy its replicas agreed on
     spread = group_cluster(cluster, 4)  # 16 replicas span 2 nodes: a group has one rank on each of 4 nodes
     assert (spread.num_nodes, spread.ranks_per_node) == (4, 1)
     assert group_sizes(replace(cluster, num_nodes=3)) == [24, 12, 6, 3, 1]  # 3 or 6 replicas would split a node's ranks
@@ -54,9 +55,12 @@ def test_a_sync_all_reduces_the_fullest_ranks_tables_and_state_over_its_replicas
                        large.name: table_layout(large, ShardingType.ROW_WISE, [0, 1], "hbm")}, (), 0.0, 0.0)
     fullest = rows_bytes(small.num_embeddings, small.embedding_dim, "rowwise_adagrad") + \
         rows_bytes(-(-large.num_embeddings // 2), large.embedding_dim, "rowwise_adagrad")
-    within = sync_ms(plan, "rowwise_adagrad", 8, p.cluster)  # 8 replicas: one node, its fast link
+    within = sync_ms(plan, "rowwise_adagrad", 8, p.cluster, SYNC_EVERY)  # 8 replicas: one node, its fast link
     assert within == pytest.approx(all_reduce_ms(fullest, 8, p.cluster) + collective_ms(7, p.cluster), rel=1e-3)
-    assert sync_ms(plan, "rowwise_adagrad", 16, p.cluster) > 5 * within  # 16 replicas span two nodes: the slow link
+    assert sync_ms(plan, "rowwise_adagrad", 16, p.cluster, SYNC_EVERY) > 5 * within  # 16 replicas span two nodes: the slow link
+    # synced every step, a sync sends the weights' change alone (the state follows from the summed gradient)
+    weights = 4 * (small.num_embeddings * small.embedding_dim + -(-large.num_embeddings // 2) * large.embedding_dim)
+    assert sync_ms(plan, "rowwise_adagrad", 8, p.cluster, 1) == pytest.approx(all_reduce_ms(weights, 8, p.cluster) + collective_ms(7, p.cluster), rel=1e-3)
 
 
 @pytest.mark.parametrize("peer_us", [0.0, 5.0])
@@ -77,7 +81,7 @@ def test_the_planner_takes_the_group_size_whose_step_with_its_sync_is_shortest(p
     chosen = plan_replicated(p, SYNC_EVERY, config=SolverConfig(time_limit_s=1.2 * len(group_sizes(p.cluster))))
     assert sorted(searched, reverse=True) == group_sizes(p.cluster)
     one_d = searched[64].step[0]
-    steps = {g: plan.step[0] + (sync_ms(plan, p.training.embedding_optimizer, 64 // g, p.cluster) / SYNC_EVERY if g < 64 else 0.0)
+    steps = {g: plan.step[0] + (sync_ms(plan, p.training.embedding_optimizer, 64 // g, p.cluster, SYNC_EVERY) / SYNC_EVERY if g < 64 else 0.0)
              for g, plan in searched.items()}
     best = min(steps, key=steps.get)
     assert predicted_step_ms(chosen) == pytest.approx(steps[best])
@@ -95,7 +99,10 @@ def test_a_2d_plan_round_trips_and_a_damaged_replication_is_one_line():
     plan = plan_replicated(p, SYNC_EVERY, [4], SolverConfig(time_limit_s=1.0))
     doc = plan.to_dict()
     assert doc["replication"] == {"group_size": 4, "replicas": 4, "sync_every_steps": SYNC_EVERY,
-                                  "sync_ms": plan.replication.sync_ms, "strategy": "default"}
+                                  "sync_ms": plan.replication.sync_ms, "strategy": "sum_of_updates"}
+    # each rank holds its shards and, beside them, the copy its replicas agreed on; no table cached
+    assert all(r.memory.hbm_bytes >= 2 * held for r, held in zip(plan.ranks, held_bytes_per_rank(plan, "rowwise_adagrad")))
+    assert max(held_bytes_per_rank(plan, "rowwise_adagrad")) > 0 and not any(t.cached for t in plan.tables.values())
     assert Plan.from_dict(doc).replication == plan.replication
     doc["replication"]["group_size"] = 8
     with pytest.raises(PlanFormatError, match="plan.replication must name the plan's world size 4 as group_size"):

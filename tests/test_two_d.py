@@ -1,8 +1,8 @@
-"""2D sparse parallelism trained (dlrm_scale.bridge.replicas): 4 ranks as 2 replicas of a
-2-rank sharding group. A sync averages each sharded table's shards and optimizer state over
-exactly its replica group and leaves data-parallel tables alone; a job sends and syncs the
-bytes its plan counts, resumes bitwise from its own checkpoint, and its checkpoint loads under
-a 1D plan with the tables as saved."""
+"""2D sparse parallelism trained (dlrm_scale.training.replicas): 4 ranks as 2 replicas of a
+2-rank sharding group. A sync adds up each sharded table's updates and optimizer state over
+exactly its replica group and leaves data-parallel tables alone; synced every step it trains
+the 1D model; a job sends and syncs the bytes its plan counts, resumes bitwise from its own
+checkpoint, and its checkpoint loads under a 1D plan with the tables as saved."""
 
 from __future__ import annotations
 
@@ -38,60 +38,96 @@ def export(config: Path, checkpoint: Path, out: Path) -> dict:
 
 
 def _synced(rank, world, config, plan_path):
-    """Each rank's shards set to its own rank (state: 10x), the data-parallel table to 7 + rank, then
-    one sync: what every rank then holds, gathered on rank 0."""
+    """Every rank's shards and their state agreed at 1 and 4, then changed by rank and rank^2 (the
+    data-parallel table's weights set to 7 + rank), then two syncs: what every rank holds after
+    each, gathered on rank 0."""
     import torch.distributed as dist
 
-    from dlrm_scale.bridge import replicas as replicas_module
-    from dlrm_scale.bridge.replicas import ReplicaGroups
+    from dlrm_scale.training import replicas as replicas_module
+    from dlrm_scale.training.replicas import ReplicaGroups
     from dlrm_scale.bridge.resident import embedding_kernels
     from dlrm_scale.run_config import load_run_config
     from dlrm_scale.training.build import build_sharded_model
 
     run = load_run_config(config)
     plan = Plan.load(plan_path)
-    replicas = ReplicaGroups(plan, "cpu")
+    replicas = ReplicaGroups(plan, "cpu", "rowwise_adagrad")
     model = build_sharded_model(run.problem, plan, run.model, 0.05, torch.device("cpu"), replicas=replicas, ranks_per_node=world)
-    with torch.no_grad():
+
+    def fill(weight: float, state: float, data_parallel: float) -> None:
         for kernel in embedding_kernels(model):
             dp = kernel.config.embedding_tables[0].name == "t_tiny"
             for w in kernel.emb_module.split_embedding_weights():
-                w.fill_(7.0 + rank if dp else float(rank))
+                w.fill_(data_parallel if dp else weight)
             for states in [] if dp else kernel.emb_module.split_optimizer_states():  # a dense optimizer's, elsewhere
                 for s in states:
-                    s.fill_(10.0 * rank)
+                    s.fill_(state)
+
+    def held() -> dict:
+        out = {}
+        for kernel in embedding_kernels(model):
+            weights = kernel.emb_module.split_embedding_weights()
+            dp = kernel.config.embedding_tables[0].name == "t_tiny"
+            states = [[]] * len(weights) if dp else kernel.emb_module.split_optimizer_states()
+            for t, w, s in zip(kernel.config.embedding_tables, weights, states):
+                out[(t.name, t.local_metadata.shard_offsets[1] if t.local_metadata else 0)] = (
+                    sorted(set(w.flatten().tolist())), sorted({v for x in s for v in x.flatten().tolist()}))
+        return out
+
+    with torch.no_grad():
+        fill(1.0, 4.0, 7.0)
+        replicas.agree(model)
+        fill(1.0 + rank, 4.0 + rank**2, 7.0 + rank)
     replicas_module.COALESCE_BYTES = 100_000  # both ways: t_large's weights alone, in place; the rest several to a call
-    synced = replicas.sync(model)
-    held = {}
-    for kernel in embedding_kernels(model):
-        weights = kernel.emb_module.split_embedding_weights()
-        dp = kernel.config.embedding_tables[0].name == "t_tiny"
-        states = [[]] * len(weights) if dp else kernel.emb_module.split_optimizer_states()
-        for t, w, s in zip(kernel.config.embedding_tables, weights, states):
-            held[(t.name, t.local_metadata.shard_offsets[1] if t.local_metadata else 0)] = (
-                sorted(set(w.flatten().tolist())), sorted({v for x in s for v in x.flatten().tolist()}))
+    synced = replicas.sync(model, lr=0.05)
+    after_one = held()
+    replicas.sync(model, lr=0.05)  # nothing changed since they agreed: nothing moves
     gathered = [None] * world
-    dist.all_gather_object(gathered, (replicas.job_ranks, synced, held))
+    dist.all_gather_object(gathered, (replicas.job_ranks, synced, after_one, held()))
     return gathered
 
 
-def test_sync_averages_every_sharded_table_over_its_replica_group_alone(tmp_path):
+def test_a_sync_adds_up_every_sharded_tables_updates_over_its_replica_group_alone(tmp_path):
     config = tmp_path / "two_d.yaml"
     config.write_text(TWO_D)
-    plan = make_plan(config, tmp_path / "p.json", "--sync-every", "1", "--group-size", "2")
+    plan = make_plan(config, tmp_path / "p.json", "--sync-every", "5", "--group-size", "2")
     assert plan.replication.group_size == 2 and plan.replication.replicas == 2
-    per_group_rank = synced_bytes_per_rank(plan, "rowwise_adagrad")
+    per_group_rank = synced_bytes_per_rank(plan, "rowwise_adagrad", 5)
     result = run_on_ranks(_synced, 4, str(config), str(tmp_path / "p.json"))
-    for rank, (job_ranks, synced, held) in enumerate(result):
+    for rank, (job_ranks, synced, held, again) in enumerate(result):
         # DMPCollection's layout: sharding groups [0, 2] and [1, 3]; replica groups [0, 1] and [2, 3]
         assert job_ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
-        replica_mean = 0.5 if rank < 2 else 2.5
         assert synced == per_group_rank[rank // 2]  # exactly what the plan prices the sync with
+        # weights: 1 + the replicas' updates (0 + 1, or 2 + 3); state: 4 + the square of its increments' roots' sum
+        weight, state = (2.0, 5.0) if rank < 2 else (6.0, 29.0)
         sharded = {k: v for k, v in held.items() if k[0] != "t_tiny"}
         assert sharded, "every rank holds a sharded table in this plan"
         for key, (weights, states) in sharded.items():
-            assert weights == [replica_mean] and states == [10 * replica_mean], (rank, key)
+            assert weights == [weight] and states == [state], (rank, key)
         assert held[("t_tiny", 0)][0] == [7.0 + rank]  # data-parallel: all-reduced with the dense layers, never here
+        assert again == held
+
+
+def test_2d_synced_every_step_trains_the_1d_model(tmp_path):
+    """Each replica's gradient recovered from its update, summed, and 1D's row-wise Adagrad update
+    made from it: after 3 steps every table and dense layer is 1D's (to rounding)."""
+    config = tmp_path / "two_d.yaml"
+    config.write_text(TWO_D)
+    make_plan(config, tmp_path / "p1d.json")
+    make_plan(config, tmp_path / "p2d.json", "--sync-every", "1", "--group-size", "2")
+    exported = {}
+    for run in ("p1d", "p2d"):
+        r = subprocess.run(cli("train", "--nproc-per-node", "4", "--config", str(config), "--plan", str(tmp_path / f"{run}.json"),
+                               "--steps", "3", "--checkpoint-dir", str(tmp_path / run), "--checkpoint-every", "3",
+                               "--out-dir", str(tmp_path / run)), capture_output=True, text=True, env=ENV, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        exported[run] = export(config, tmp_path / run / "step_000000003", tmp_path / f"{run}.pt")
+    one_d, two_d = exported["p1d"], exported["p2d"]
+    assert one_d.keys() == two_d.keys()
+    for key in one_d:
+        torch.testing.assert_close(two_d[key], one_d[key], rtol=1e-4, atol=1e-6, msg=key)
+    moved = [k for k in one_d if k.endswith(".t_large.weight")]
+    assert moved, "a row-wise sharded table is compared"
 
 
 def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(tmp_path):

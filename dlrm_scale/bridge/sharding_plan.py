@@ -49,7 +49,7 @@ def to_sharding_plan(plan: Plan, device: str = "cpu", module_path: str = "", sto
                      job_ranks: Sequence[int] | None = None, ranks_per_node: int | None = None) -> ShardingPlan:
     """TorchRec's plan for one EmbeddingBagCollection at `module_path` (e.g.
     "model.sparse_arch.embedding_bag_collection"); FBGEMM's SSD tables keep their files in `store_dir`.
-    A 2D plan's group ranks are placed on `job_ranks` (dlrm_scale.bridge.replicas), numbered on
+    A 2D plan's group ranks are placed on `job_ranks` (dlrm_scale.training.replicas), numbered on
     nodes of `ranks_per_node`, as TorchRec's 2D sharding reads them: job ranks, the group's
     process group."""
     if device == "cpu":

@@ -14,7 +14,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrm_scale.bridge.replicas import ReplicaGroups
+from dlrm_scale.training.replicas import ReplicaGroups
 from dlrm_scale.bridge.resident import resident_tables
 from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.kernels.huge_pages import back_with_huge_pages
@@ -23,7 +23,7 @@ from dlrm_scale.bridge.sharding_plan import to_sharding_plan
 from dlrm_scale.run_config import UNMEASURED_CPU_KERNELS, ModelConfig, RunConfig
 from dlrm_scale.tiering.runtime import TieredEmbeddings, TieringRuntime
 from dlrm_scale.training.criteo import criteo_data
-from dlrm_scale.training.data import SyntheticData
+from dlrm_scale.training.data import SyntheticData, feature_name
 from dlrm_scale.training.initial_weights import initialise_embeddings
 from dlrm_scale.training.model import EMBEDDING_MODULE_PATH, build_model, table_of_key
 from dlrm_scale.training.phases import PhaseTimer, instrument
@@ -54,9 +54,11 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
     train = run.train
     ours_on_cpu = device.type == "cpu" and train.cpu_embeddings == "dlrm_scale"
     cpu_kernel = install_cpu_adagrad(run.problem.training.embedding_optimizer) if ours_on_cpu else None
-    replicas = ReplicaGroups(plan, device.type) if plan.replication is not None else None
+    replicas = ReplicaGroups(plan, device.type, run.problem.training.embedding_optimizer) if plan.replication is not None else None
     model = build_sharded_model(run.problem, plan, run.model, train.embedding_lr, device, train.store_dir, train.interaction,
                                 replicas, run.problem.cluster.ranks_per_node if replicas is not None else None, train.deterministic)
+    if replicas is not None:
+        replicas.share_gradients(model, {feature_name(t.name): t.name for t in run.problem.tables})
     timer = PhaseTimer()
     instrument(model, timer)
     tiered = None

@@ -27,9 +27,9 @@ Dense layers are data-parallel, embeddings model-parallel through TorchRec's
 DistributedModelParallel with the plan from `--plan` (or planned on rank 0 and broadcast).
 The plan never changes the model: initial tables, each table's optimizer and the global batch
 of every step depend on the config and seed only, not on the plan or the world size. The one
-exception is a 2D plan (`dlrm-scale plan --sync-every N`): its tables are sharded over groups
-of G ranks, each group trains its replica on its own samples and the replicas are averaged
-every N steps (TorchRec's DMPCollection semantics), which is another optimizer.
+exception is a 2D plan (`dlrm-scale plan --sync-every N`) with N > 1: its tables are sharded
+over groups of G ranks, each group trains its replica on its own samples and the replicas'
+updates are added up every N steps, which is another optimizer (with N = 1, 1D's).
 Embedding optimizers are fused into the backward pass (FBGEMM); input distribution of the
 next batch overlaps the current one (TrainPipelineSparseDist).
 """

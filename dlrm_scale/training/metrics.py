@@ -68,12 +68,12 @@ class WindowReport:
         # 2D: the plan is one sharding group's; job rank r does what the plan's rank plan_rank[r] does
         rep = plan.replication
         self.plan_rank = group_ranks(rep) if rep is not None else list(range(world))
-        synced = synced_bytes_per_rank(plan, training.embedding_optimizer) if rep is not None else None
+        synced = synced_bytes_per_rank(plan, training.embedding_optimizer, rep.sync_every_steps) if rep is not None else None
         self.sync_predicted = [synced[k] / rep.sync_every_steps for k in self.plan_rank] if rep is not None else None
         self.samples_per_s = 0.0
 
     def record(self, step: int, losses: torch.Tensor, synced_bytes: int = 0) -> dict:
-        """The window's record; `synced_bytes`: what this rank averaged with its replicas (2D)."""
+        """The window's record; `synced_bytes`: what this rank all-reduced with its replicas (2D)."""
         n = len(losses)
         phases = self.timer.take()
         sent = [b / n for b in self.meter.reset()]  # embeddings, of them to other nodes, ids: bytes per step

@@ -17,7 +17,7 @@ from dlrm_scale.training.build import build_parts
 from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.evaluation import evaluate
 from dlrm_scale.training.host_group import host_group
-from dlrm_scale.training.lr_schedule import LRSchedule
+from dlrm_scale.training.lr_schedule import LRSchedule, lr_factor
 from dlrm_scale.training.metrics import MetricsLog, WindowReport
 from dlrm_scale.training.phases import step_runner
 from dlrm_scale.training.preemption import Preemption
@@ -84,6 +84,9 @@ class Trainer:
     def _run(self, start_step: int) -> None:
         cfg = self.config
         self.model.train()
+        if self.replicas is not None:
+            self.replicas.agree(self.model)  # the tables as initialised or restored: one in every replica
+            self.synced_at = start_step
         count = cfg.steps - start_step
         with batch_source(self.data.batches(start_step, count), count, cfg.materialise_mib, cfg.prefetch_batches,
                           self.rank) as batches:
@@ -150,11 +153,11 @@ class Trainer:
         self.preemption.record(step, path)
 
     def _sync_replicas(self, step: int, scheduled: bool = False) -> None:
-        """2D: average the replicas' tables, every N steps and before a checkpoint or an evaluation
+        """2D: bring the replicas' tables together, every N steps and before a checkpoint or an evaluation
         (which then read one model). A scheduled sync is the step's work: its time counts as the
         step's `rest` and its bytes in the window; another is left out with what it precedes."""
         if self.replicas is not None and self.synced_at != step:
-            synced = self.replicas.sync(self.model)
+            synced = self.replicas.sync(self.model, self.config.embedding_lr * lr_factor(self.config, step - 1))
             self.synced_at = step
             if scheduled:
                 self.synced_bytes += synced

@@ -65,7 +65,7 @@ class RankPlan:
         return self.perf.total_ms
 
 
-REPLICA_STRATEGY = "default"  # TorchRec's ShardingStrategy.DEFAULT: sync() all-reduces (averages) weights and optimizer state
+REPLICA_STRATEGY = "sum_of_updates"  # dlrm_scale.training.replicas: each replica's updates since the last sync, added up
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """2D sparse parallelism: the tables sharded over groups of G ranks, every group a replica of
-the others, the replicas' tables averaged every N steps (TorchRec's `DMPCollection` under its
-default `ShardingStrategy`: weights and optimizer state all-reduced over each replica group).
+the others, the replicas' updates of their tables added up every N steps (TorchRec's
+`DMPCollection` layout; the sync is ours, dlrm_scale.training.replicas: weights and optimizer
+state all-reduced over each replica group).
 
 The groups are those `DMPCollection` makes by default: a replica group is R = W/G consecutive
 ranks (inside one node where R <= L, so its all-reduce uses the fast link) and a sharding group
@@ -12,10 +13,12 @@ What a group size changes, and how the planner prices it:
   samples: the plan of a G-rank cluster with the same batch per rank (`group_cluster`);
 - the sync, every N steps: an all-reduce over R ranks of each rank's tables and their optimizer
   state (`sync_ms`); its share per step is added to the group's step;
-- memory: a rank holds R times the share of the tables it would hold in 1D (the group's plan
-  must fit a rank as it is);
-- the model: between syncs each replica updates its tables with its own samples' gradients,
-  and a sync averages them. It is the one plan choice that changes the model (docs/planner.md).
+- memory: a rank holds R times the share of the tables it would hold in 1D, and beside its
+  shards the copy its replicas last agreed on: a group is planned into half of each rank's
+  device memory (`group_cluster`), its tables uncached (a cached table's copy would be the whole
+  table in device memory), and a plan's ranks count the copy;
+- the model: between syncs each replica updates its tables with its own samples' gradients.
+  With N > 1 it is the one plan choice that changes the model (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -23,18 +26,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes
-from planner.plan.document import Plan, Replication
+from planner.cost.cost_model import all_reduce_ms, collective_ms, optimizer_state_bytes, rows_bytes
+from planner.plan.document import Plan, RankPlan, Replication
 from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig
 from planner.spec.errors import ConfigError, InfeasiblePlanError, PlanFormatError
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import ClusterSpec
+from planner.spec.types import Storage
+
+AGREED_COPIES = 2  # a rank's sharded tables and the copy its replicas last agreed on (dlrm_scale.training.replicas)
 
 
 def check_sync_every(sync_every_steps: Any) -> int:
     if isinstance(sync_every_steps, bool) or not isinstance(sync_every_steps, int) or sync_every_steps < 1:
-        raise ConfigError(f"--sync-every must be a whole number of steps >= 1 (replicas are averaged that often), got {sync_every_steps!r}")
+        raise ConfigError(f"--sync-every must be a whole number of steps >= 1 (replicas are synced that often), got {sync_every_steps!r}")
     return sync_every_steps
 
 
@@ -58,12 +64,21 @@ def group_sizes(cluster: ClusterSpec) -> list[int]:
 
 def group_cluster(cluster: ClusterSpec, group_size: int) -> ClusterSpec:
     """What one sharding group of `group_size` ranks is: its ranks per node and their share of
-    each node's host memory and SSD (the node's other ranks belong to other groups)."""
+    each node's host memory and SSD (the node's other ranks belong to other groups), and half of
+    the memory a rank computes from (the other half holds the copy its replicas agreed on)."""
     replicas, local = cluster.world_size // group_size, cluster.ranks_per_node
     per_node = local // replicas if replicas <= local else 1
-    return replace(cluster, num_nodes=group_size // per_node, ranks_per_node=per_node,
-                   ddr_bytes_per_node=cluster.ddr_bytes_per_node * per_node // local,
+    ddr_bytes_per_node = cluster.ddr_bytes_per_node * per_node // local
+    if cluster.device_tier == "ddr":
+        ddr_bytes_per_node //= AGREED_COPIES
+    return replace(cluster, num_nodes=group_size // per_node, ranks_per_node=per_node, ddr_bytes_per_node=ddr_bytes_per_node,
+                   hbm_bytes_per_rank=cluster.hbm_bytes_per_rank // (AGREED_COPIES if cluster.device_tier == "hbm" else 1),
                    ssd_bytes_per_node=cluster.ssd_bytes_per_node * per_node // local)
+
+
+def group_problem(problem: PlanningProblem, group_size: int) -> PlanningProblem:
+    """The problem a group's plan solves: on a group's cluster, no table cached."""
+    return replace(problem, cluster=group_cluster(problem.cluster, group_size), tiering=replace(problem.tiering, enabled=False))
 
 
 def planned_problem(problem: PlanningProblem, plan: Plan) -> PlanningProblem:
@@ -79,7 +94,7 @@ def planned_problem(problem: PlanningProblem, plan: Plan) -> PlanningProblem:
     if rep.group_size not in group_sizes(cluster):
         raise PlanFormatError(f"plan's replica groups of {rep.replicas} ranks neither divide a node's {cluster.ranks_per_node} ranks nor "
                               f"span whole nodes; re-plan with --ranks-per-node {cluster.ranks_per_node}")
-    return replace(problem, cluster=group_cluster(cluster, rep.group_size))
+    return group_problem(problem, rep.group_size)
 
 
 def sharding_groups(replication: Replication) -> list[list[int]]:
@@ -97,9 +112,16 @@ def group_ranks(replication: Replication) -> list[int]:
     return out
 
 
-def synced_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
-    """What a sync all-reduces on each rank of a group: its sharded tables' weights and optimizer
-    state (data-parallel tables are all-reduced every step already)."""
+def exact_every_step(optimizer: str, sync_every_steps: int) -> bool:
+    """Whether a sync recovers each replica's gradient from its one update and makes 1D's update
+    from their sum (dlrm_scale.training.replicas): after every step, for the Adagrads. The state
+    then follows from the summed gradient: only the weights' change is all-reduced. (SGD's
+    update is its gradient: every step, the updates' sum is 1D's already.)"""
+    return sync_every_steps == 1 and optimizer != "sgd"
+
+
+def held_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
+    """Each rank's sharded tables' weights and optimizer state (its copy the same again)."""
     held = [0] * plan.world_size
     for table in plan.tables.values():
         if table.sharding_type != "data_parallel":
@@ -108,14 +130,33 @@ def synced_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
     return held
 
 
-def synced_bytes(plan: Plan, optimizer: str) -> int:
+def synced_bytes_per_rank(plan: Plan, optimizer: str, sync_every_steps: int) -> list[int]:
+    """What a sync all-reduces on each rank of a group: its sharded tables' weights' change and,
+    unless the sync is exact, their optimizer state's (data-parallel tables are all-reduced
+    every step already)."""
+    held = held_bytes_per_rank(plan, optimizer)
+    if exact_every_step(optimizer, sync_every_steps):
+        for table in plan.tables.values():
+            if table.sharding_type != "data_parallel":
+                for s in table.shards:
+                    held[s.rank] -= optimizer_state_bytes(s.rows, s.cols, optimizer)
+    return held
+
+
+def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[RankPlan, ...]:
+    """A group plan's ranks, each holding beside its shards the copy its replicas agreed on."""
+    return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy}))
+                 for r, copy in zip(plan.ranks, held_bytes_per_rank(plan, optimizer)))
+
+
+def synced_bytes(plan: Plan, optimizer: str, sync_every_steps: int) -> int:
     """What a sync all-reduces on the rank holding the most: every replica waits for it."""
-    return max(synced_bytes_per_rank(plan, optimizer))
+    return max(synced_bytes_per_rank(plan, optimizer, sync_every_steps))
 
 
-def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec) -> float:
+def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec, sync_every_steps: int) -> float:
     """One sync: an all-reduce of `synced_bytes` over the R replicas; every rank waits for it."""
-    return all_reduce_ms(synced_bytes(plan, optimizer), replicas, cluster) + collective_ms(replicas - 1, cluster)
+    return all_reduce_ms(synced_bytes(plan, optimizer, sync_every_steps), replicas, cluster) + collective_ms(replicas - 1, cluster)
 
 
 def predicted_step_ms(plan: Plan) -> float:
@@ -135,14 +176,14 @@ def plan_replicated(problem: PlanningProblem, sync_every_steps: int, sizes: Sequ
     best, infeasible = None, None
     for size in sizes:
         try:
-            candidate = make_plan(problem if size == world else replace(problem, cluster=group_cluster(cluster, size)), config=share)
+            candidate = make_plan(problem if size == world else group_problem(problem, size), config=share)
         except InfeasiblePlanError as e:  # the tables do not fit so few ranks
             infeasible = infeasible or e
             continue
         if size < world:
-            replicas = world // size
-            candidate = replace(candidate, replication=Replication(
-                size, replicas, sync_every_steps, sync_ms(candidate, problem.training.embedding_optimizer, replicas, cluster)))
+            replicas, optimizer = world // size, problem.training.embedding_optimizer
+            candidate = replace(candidate, ranks=with_agreed_copies(candidate, optimizer, cluster.device_tier), replication=Replication(
+                size, replicas, sync_every_steps, sync_ms(candidate, optimizer, replicas, cluster, sync_every_steps)))
         if best is None or predicted_step_ms(candidate) < predicted_step_ms(best):
             best = candidate
     if best is None:

@@ -1,0 +1,158 @@
+"""2D sparse parallelism on TorchRec (the plan: planner/plan/replication.py): R replicas of one
+sharding group's plan, each sharded over G ranks, their tables brought together every N steps.
+
+Built from TorchRec's own 2D parts, as `DMPCollection` builds them: its device mesh of
+("replicate", "shard") ranks, its `ShardingEnv2D` (which TorchRec's sharding code switches on)
+and its rank layout (sharding group g: ranks g, g+R, g+2R, ...; a replica group: R consecutive
+ranks). `DMPCollection` itself refuses every device but CUDA and MTIA, and its plan remapping
+gives CPU shards a device index CPU tensors never carry, so the job makes the same model here on
+every device: DistributedModelParallel over the `ShardingEnv2D`, the group's plan placed on the
+job's ranks (bridge.sharding_plan). Dense layers and data-parallel tables stay data-parallel over
+all W ranks (DDP on the global group, as in `DMPCollection`), so they never need a sync.
+
+The sync is not `DMPCollection`'s average. Averaging replicas that each stepped on their own
+half of the batch moves a row only one replica's samples touched half as far as 1D does, and
+doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
+its own (`share_gradients`: the replicas' gradients add up to 1D's), and a sync adds up what
+every replica changed since they last agreed (`sync`): SGD every step is then 1D exactly, and a
+row one replica touched gets 1D's update and state whatever N. The optimizer state (a sum of
+squared gradients) adds up as the square of the sum of its increments' roots, which is 1D's
+where the replicas' gradients of a row point alike (a hot row) and never less than their sum of
+squares, which would let hot rows step further than 1D's. Between syncs the replicas do not see
+each other's updates: N > 1 is still another optimizer (docs/planner.md measures it). Each rank
+keeps the copy its replicas last agreed on, as large as its shards (the planner prices it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torchrec.distributed.types import ShardingEnv2D
+
+from dlrm_scale.bridge.resident import embedding_kernels
+from dlrm_scale.training.table_optimizer import fused_update, gradient_of_update
+from planner.plan.document import Plan
+from planner.plan.replication import exact_every_step, sharding_groups
+
+# Shards and states below this are summed several to an all-reduce (one call each would cost
+# its latency many times over); larger ones alone, in place, with no copy.
+COALESCE_BYTES = 16 << 20
+
+
+class ReplicaGroups:
+    """This rank's sharding group and replica group (created collectively: every rank builds one)."""
+
+    def __init__(self, plan: Plan, device_type: str, optimizer: str) -> None:
+        """`optimizer`: the embedding optimizer's name."""
+        rep = plan.replication
+        self.optimizer = optimizer
+        self.replicas, self.sync_every_steps = rep.replicas, rep.sync_every_steps
+        self.mesh = DeviceMesh(device_type, sharding_groups(rep), mesh_dim_names=("replicate", "shard"))
+        self.sharding_pg, self.replica_pg = self.mesh.get_group("shard"), self.mesh.get_group("replicate")
+        self.job_ranks = dist.get_process_group_ranks(self.sharding_pg)  # group rank k -> job rank
+        # node-local sub-groups of a sharding group (table-row-wise, grid): its ranks on one node
+        self.node_group_size = plan.ranks_per_node
+        self.replicated_tables = {n for n, t in plan.tables.items() if t.sharding_type == "data_parallel"}
+
+    def env(self) -> ShardingEnv2D:
+        return ShardingEnv2D(sharding_pg=self.sharding_pg, replica_pg=self.replica_pg, global_pg=dist.group.WORLD,
+                             device_mesh=self.mesh, node_group_size=self.node_group_size)
+
+    def due(self, steps_done: int) -> bool:
+        return steps_done % self.sync_every_steps == 0
+
+    def share_gradients(self, model: torch.nn.Module, feature_tables: dict[str, str]) -> None:
+        """Scale this replica's gradient of every sharded table by 1/R, so that the replicas'
+        gradients add up to the gradient of the global batch's mean loss, as in 1D (data-parallel
+        tables and dense layers are averaged over all W ranks already). `feature_tables`: each
+        sparse feature's table."""
+        sparse_arch = next(m for name, m in model.named_modules() if name.endswith("model.sparse_arch"))
+        share = torch.tensor([1.0 if feature_tables[f] in self.replicated_tables else 1.0 / self.replicas
+                              for f in sparse_arch._sparse_feature_names]).view(-1, 1)  # noqa: SLF001 - SparseArch's feature order
+
+        def hook(_module, _inputs, output):
+            if isinstance(output, torch.Tensor) and output.requires_grad:  # [batch, feature, dim]
+                output.register_hook(lambda grad: grad * share.to(grad.device))
+
+        sparse_arch.register_forward_hook(hook)
+
+    def _shards(self, model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(weights, optimizer state or None) of this rank's shard of every sharded table, in an
+        order every replica shares."""
+        shards = []
+        for kernel in embedding_kernels(model):
+            if {t.name for t in kernel.config.embedding_tables} <= self.replicated_tables:
+                continue  # data-parallel: all-reduced every step with the dense layers
+            weights = kernel.emb_module.split_embedding_weights()
+            states = kernel.emb_module.split_optimizer_states() or [[]] * len(weights)  # SGD: none
+            shards += [(w, state[0] if state else None) for w, state in zip(weights, states, strict=True)]
+        return shards
+
+    @torch.no_grad()
+    def agree(self, model: torch.nn.Module) -> None:
+        """The replicas hold the same tables (the start, a resume): their updates count from here."""
+        self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self._shards(model)]
+
+    @torch.no_grad()
+    def sync(self, model: torch.nn.Module, lr: float) -> int:
+        """Bring the replicas together (see the module's docstring); `lr`: the embedding learning
+        rate of the step just done. Returns the bytes this rank all-reduced."""
+        shards = self._shards(model)
+        if exact_every_step(self.optimizer, self.sync_every_steps):
+            return self._sync_one_step(shards, lr)
+        updates = [w.sub_(w0) for (w, _), (w0, _) in zip(shards, self.agreed, strict=True)]  # in place: no copy
+        roots = [s.sub_(s0).sqrt_() for (_, s), (_, s0) in zip(shards, self.agreed) if s is not None]
+        sent = self._sum(updates + roots)
+        for (w, s), (w0, s0) in zip(shards, self.agreed):
+            w0.add_(w)
+            w.copy_(w0)
+            if s is not None:  # increments of a sum of squares: the square of their roots' sum
+                s0.add_(s.square_())
+                s.copy_(s0)
+        return sent
+
+    def _sync_one_step(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
+        """Each replica's gradient, from its one update and the state after it, summed (1D's
+        gradient), and 1D's update made from where the replicas agreed, on the rows any replica
+        touched (the others are as agreed in every replica)."""
+        touched, gradients = [], []
+        for (w, s), (w0, _) in zip(shards, self.agreed, strict=True):
+            update = w - w0
+            touched.append(update.any(dim=1))
+            gradients.append(gradient_of_update(self.optimizer, update, s, lr))
+        sent = self._sum(gradients)
+        for (w, s), (w0, s0), g, mine in zip(shards, self.agreed, gradients, touched):
+            rows = (mine | g.any(dim=1)).nonzero().squeeze(1)
+            new_w, new_s = w0[rows], s0[rows]
+            fused_update(self.optimizer, new_w, new_s, g[rows], lr)
+            for t, new in ((w0, new_w), (w, new_w), (s0, new_s), (s, new_s)):
+                t.index_copy_(0, rows, new)
+        return sent
+
+    def _sum(self, tensors: list[torch.Tensor]) -> int:
+        """Sum each of `tensors` over the replica group, in place: small ones several to an
+        all-reduce, large ones alone. Returns their bytes."""
+        batch, batch_bytes, sent = [], 0, 0
+        for t in tensors:
+            size = t.numel() * t.element_size()
+            sent += size
+            if size >= COALESCE_BYTES:
+                dist.all_reduce(t, group=self.replica_pg)
+                continue
+            if batch and (batch[0].dtype != t.dtype or batch_bytes >= COALESCE_BYTES):
+                self._sum_batch(batch)
+                batch, batch_bytes = [], 0
+            batch.append(t)
+            batch_bytes += size
+        if batch:
+            self._sum_batch(batch)
+        return sent
+
+    def _sum_batch(self, tensors: list[torch.Tensor]) -> None:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.replica_pg)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
