@@ -1,14 +1,14 @@
-"""2D sparse parallelism against 1D, trained: what averaging replicas every N steps does to the model.
+"""2D sparse parallelism against 1D, trained: what syncing replicas every N steps does to the model.
 
     python -m benchmarks.two_d_bench [--models tiny,embedding_bound] [--steps 300] [--seeds 1,2,3]
 
-On 2 cores the embedding-bound model's sync every step (1.8 GB a rank over gloo) takes ~4.5 s,
-so its N = 1 run takes ~20 minutes: `--models embedding_bound --seeds 1` measures it alone,
+On 2 cores the embedding-bound model's sync every step (1.6 GB a rank over gloo) takes seconds,
+so its N = 1 run takes ~10 minutes: `--models embedding_bound --seeds 1` measures it alone,
 beside the models already in the file.
 
 Each model on 4 CPU ranks (one node), the same global batch of every step whatever the plan:
-the 1D plan over all 4 ranks, and 2D plans of 2 replicas of a 2-rank sharding group averaged
-every N = 1 and N = 10 steps, each a real `torchrun ... dlrm_scale.train --deterministic` job
+the 1D plan over all 4 ranks, and 2D plans of 2 replicas of a 2-rank sharding group synced
+every N = 1 and N = 10 steps (dlrm_scale.training.replicas), each a real `torchrun ... dlrm_scale.train --deterministic` job
 evaluated on the held-out batches at the last step. Runs alternate per seed (the order rotates),
 so a slow moment of the machine falls on every plan alike.
 
