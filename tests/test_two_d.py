@@ -110,9 +110,10 @@ def test_a_sync_adds_up_every_sharded_tables_updates_over_its_replica_group_alon
 
 def test_2d_synced_every_step_trains_the_1d_model(tmp_path):
     """Each replica's gradient recovered from its update, summed, and 1D's row-wise Adagrad update
-    made from it: after 3 steps every table and dense layer is 1D's (to rounding)."""
+    made from it at each step's learning rate (warming up): after 3 steps every table and dense
+    layer is 1D's (to rounding)."""
     config = tmp_path / "two_d.yaml"
-    config.write_text(TWO_D)
+    config.write_text(TWO_D.replace("train: {", "train: {warmup_steps: 4, "))
     make_plan(config, tmp_path / "p1d.json")
     make_plan(config, tmp_path / "p2d.json", "--sync-every", "1", "--group-size", "2")
     exported = {}
