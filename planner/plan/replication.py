@@ -24,9 +24,9 @@ What a group size changes, and how the planner prices it:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from planner.cost.cost_model import all_reduce_ms, collective_ms, optimizer_state_bytes, rows_bytes
+from planner.cost.cost_model import WEIGHT_BYTES, all_reduce_ms, collective_ms, rows_bytes
 from planner.plan.document import Plan, RankPlan, Replication
 from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig
@@ -68,12 +68,12 @@ def group_cluster(cluster: ClusterSpec, group_size: int) -> ClusterSpec:
     the memory a rank computes from (the other half holds the copy its replicas agreed on)."""
     replicas, local = cluster.world_size // group_size, cluster.ranks_per_node
     per_node = local // replicas if replicas <= local else 1
-    ddr_bytes_per_node = cluster.ddr_bytes_per_node * per_node // local
-    if cluster.device_tier == "ddr":
-        ddr_bytes_per_node //= AGREED_COPIES
-    return replace(cluster, num_nodes=group_size // per_node, ranks_per_node=per_node, ddr_bytes_per_node=ddr_bytes_per_node,
-                   hbm_bytes_per_rank=cluster.hbm_bytes_per_rank // (AGREED_COPIES if cluster.device_tier == "hbm" else 1),
-                   ssd_bytes_per_node=cluster.ssd_bytes_per_node * per_node // local)
+    group = replace(cluster, num_nodes=group_size // per_node, ranks_per_node=per_node,
+                    ddr_bytes_per_node=cluster.ddr_bytes_per_node * per_node // local,
+                    ssd_bytes_per_node=cluster.ssd_bytes_per_node * per_node // local)
+    if group.device_tier == "hbm":
+        return replace(group, hbm_bytes_per_rank=group.hbm_bytes_per_rank // AGREED_COPIES)
+    return replace(group, ddr_bytes_per_node=group.ddr_bytes_per_node // AGREED_COPIES)
 
 
 def group_problem(problem: PlanningProblem, group_size: int) -> PlanningProblem:
@@ -120,27 +120,28 @@ def exact_every_step(optimizer: str, sync_every_steps: int) -> bool:
     return sync_every_steps == 1 and optimizer != "sgd"
 
 
-def held_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
-    """Each rank's sharded tables' weights and optimizer state (its copy the same again)."""
+def _sharded_bytes_per_rank(plan: Plan, bytes_of: Callable[[int, int], int]) -> list[int]:
+    """`bytes_of(rows, cols)` summed over each rank's shards of sharded tables (data-parallel
+    tables are all-reduced every step, never synced)."""
     held = [0] * plan.world_size
     for table in plan.tables.values():
         if table.sharding_type != "data_parallel":
             for s in table.shards:
-                held[s.rank] += rows_bytes(s.rows, s.cols, optimizer)
+                held[s.rank] += bytes_of(s.rows, s.cols)
     return held
+
+
+def held_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
+    """Each rank's sharded tables' weights and optimizer state (its copy the same again)."""
+    return _sharded_bytes_per_rank(plan, lambda rows, cols: rows_bytes(rows, cols, optimizer))
 
 
 def synced_bytes_per_rank(plan: Plan, optimizer: str, sync_every_steps: int) -> list[int]:
     """What a sync all-reduces on each rank of a group: its sharded tables' weights' change and,
-    unless the sync is exact, their optimizer state's (data-parallel tables are all-reduced
-    every step already)."""
-    held = held_bytes_per_rank(plan, optimizer)
+    unless the sync is exact, their optimizer state's."""
     if exact_every_step(optimizer, sync_every_steps):
-        for table in plan.tables.values():
-            if table.sharding_type != "data_parallel":
-                for s in table.shards:
-                    held[s.rank] -= optimizer_state_bytes(s.rows, s.cols, optimizer)
-    return held
+        return _sharded_bytes_per_rank(plan, lambda rows, cols: rows * cols * WEIGHT_BYTES)
+    return held_bytes_per_rank(plan, optimizer)
 
 
 def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[RankPlan, ...]:
