@@ -14,7 +14,6 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from dlrm_scale.training.replicas import ReplicaGroups
 from dlrm_scale.bridge.resident import resident_tables
 from dlrm_scale.kernels.cpu_adagrad import install as install_cpu_adagrad
 from dlrm_scale.kernels.huge_pages import back_with_huge_pages
@@ -27,6 +26,7 @@ from dlrm_scale.training.data import SyntheticData, feature_name
 from dlrm_scale.training.initial_weights import initialise_embeddings
 from dlrm_scale.training.model import EMBEDDING_MODULE_PATH, build_model, table_of_key
 from dlrm_scale.training.phases import PhaseTimer, instrument
+from dlrm_scale.training.replicas import ReplicaGroups
 from dlrm_scale.training.table_optimizer import ReplicatedTables, fused_optimizer
 from planner.plan.document import Plan
 from planner.spec.problem import PlanningProblem
