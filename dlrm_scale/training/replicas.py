@@ -115,19 +115,21 @@ class ReplicaGroups:
     def _sync_one_step(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
         """Each replica's gradient, from its one update and the state after it, summed (1D's
         gradient), and 1D's update made from where the replicas agreed, on the rows any replica
-        touched (the others are as agreed in every replica)."""
-        touched, gradients = [], []
+        touched (the others are as agreed in every replica). In place: each shard holds its
+        update, then its gradient, until the agreed rows and the new ones are copied back."""
+        touched = []
         for (w, s), (w0, _) in zip(shards, self.agreed, strict=True):
-            update = w - w0
-            touched.append(update.any(dim=1))
-            gradients.append(gradient_of_update(self.optimizer, update, s, lr))
-        sent = self._sum(gradients)
-        for (w, s), (w0, s0), g, mine in zip(shards, self.agreed, gradients, touched):
+            touched.append(w.sub_(w0).any(dim=1))
+            gradient_of_update(self.optimizer, w, s, lr)
+        sent = self._sum([w for w, _ in shards])
+        for (g, s), (w0, s0), mine in zip(shards, self.agreed, touched):
             rows = (mine | g.any(dim=1)).nonzero().squeeze(1)
             new_w, new_s = w0[rows], s0[rows]
             fused_update(self.optimizer, new_w, new_s, g[rows], lr)
-            for t, new in ((w0, new_w), (w, new_w), (s0, new_s), (s, new_s)):
-                t.index_copy_(0, rows, new)
+            w0.index_copy_(0, rows, new_w)
+            s0.index_copy_(0, rows, new_s)
+            g.copy_(w0)
+            s.copy_(s0)
         return sent
 
     def _sum(self, tensors: list[torch.Tensor]) -> int:
