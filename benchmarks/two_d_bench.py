@@ -1,10 +1,11 @@
 """2D sparse parallelism against 1D, trained: what syncing replicas every N steps does to the model.
 
-    python -m benchmarks.two_d_bench [--models tiny,embedding_bound] [--steps 300] [--seeds 1,2,3]
+    python -m benchmarks.two_d_bench [--models tiny,embedding_bound] [--steps 300] [--seeds 1,2,3] [--sync-every 1,10]
 
-On 2 cores the embedding-bound model's sync every step (1.6 GB a rank over gloo) takes seconds,
-so its N = 1 run takes ~10 minutes: `--models embedding_bound --seeds 1` measures it alone,
-beside the models already in the file.
+On 2 cores the embedding-bound model's sync every step (1.6 GB a rank, passed over several times
+and all-reduced over gloo) takes ~6.5 s, so its N = 1 run takes ~35 minutes:
+`--models embedding_bound --seeds 2,3 --sync-every 10` measures the others, beside the runs
+already in the file.
 
 Each model on 4 CPU ranks (one node), the same global batch of every step whatever the plan:
 the 1D plan over all 4 ranks, and 2D plans of 2 replicas of a 2-rank sharding group synced
@@ -86,32 +87,47 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--sync-every", default=",".join(map(str, SYNC_EVERY)),
+                        help="the 2D variants' N, beside 1D (default 1,10); a model's runs of other seeds or N stay")
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds, sync_every = [int(s) for s in args.seeds.split(",")], [int(n) for n in args.sync_every.split(",")]
     # models measured by another invocation stay (each with its own provenance and seeds)
     doc = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if (doc.get("steps"), doc.get("ranks"), doc.get("group_size")) != (args.steps, WORLD, GROUP):
         doc = {"steps": args.steps, "ranks": WORLD, "group_size": GROUP, "models": {}}
-    variants = ["1d", *(f"2d_sync_every_{n}" for n in SYNC_EVERY)]
+    variants = ["1d", *(f"2d_sync_every_{n}" for n in sync_every)]
     for model in args.models.split(","):
         config = MODELS[model]
         batch = load_problem(config).training.batch_size_per_rank // 2  # the global batch of 2 ranks at the config's batch
         with tempfile.TemporaryDirectory() as d:
-            plans = dict(zip(variants, (planned(model, config, batch, n, Path(d)) for n in (None, *SYNC_EVERY))))
-            runs: dict[str, list[dict]] = {v: [] for v in variants}
-            result = doc["models"][model] = {"provenance": provenance(), "seeds": seeds, "global_batch": batch * WORLD,
-                                             "schemes": {v: _schemes(Plan.load(p)) for v, p in plans.items()}, "runs": runs}
+            plans = dict(zip(variants, (planned(model, config, batch, n, Path(d)) for n in (None, *sync_every))))
+            result = _model_entry(doc, model, batch * WORLD)
+            result["provenance"].append(provenance())
+            result["schemes"].update({v: _schemes(Plan.load(p)) for v, p in plans.items()})
+            runs = result["runs"]
             for i, seed in enumerate(seeds):
                 for variant in variants[i % len(variants):] + variants[:i % len(variants)]:
                     run = train(config, plans[variant], args.steps, batch, seed)
-                    runs[variant].append({"seed": seed, **run})
+                    kept = [r for r in runs.setdefault(variant, []) if r["seed"] != seed]
+                    runs[variant] = sorted(kept + [{"seed": seed, "invocation": len(result["provenance"]) - 1, **run}],
+                                           key=lambda r: r["seed"])
                     print(f"{model} seed {seed} {variant}: AUC {run['auc']:.4f} logloss {run['logloss']:.4f} "
                           f"{run['samples_per_s']:,.0f} samples/s ({run['wall_s']} s)", flush=True)
-                    result["auc_diff_vs_1d"] = {v: [round(r["auc"] - a["auc"], 6) for r, a in zip(runs[v], runs["1d"])]
-                                                for v in variants[1:]}
+                    one_d = {r["seed"]: r["auc"] for r in runs.get("1d", [])}
+                    result["auc_diff_vs_1d"] = {v: {str(r["seed"]): round(r["auc"] - one_d[r["seed"]], 6) for r in rs if r["seed"] in one_d}
+                                                for v, rs in runs.items() if v != "1d"}
                     write_result(RESULTS, doc)  # after each run: a stopped run keeps what it measured
         print(json.dumps(result["auc_diff_vs_1d"]), flush=True)
     return 0
+
+
+def _model_entry(doc: dict, model: str, global_batch: int) -> dict:
+    """The model's runs so far (each names the invocation in `provenance` that made it), or none
+    where they were of another global batch."""
+    entry = doc["models"].get(model)
+    if entry is None or entry.get("global_batch") != global_batch or not isinstance(entry.get("provenance"), list):
+        entry = doc["models"][model] = {"provenance": [], "global_batch": global_batch, "schemes": {}, "runs": {}}
+    return entry
 
 
 def _schemes(plan: Plan) -> dict[str, int]:
