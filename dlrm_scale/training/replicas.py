@@ -13,14 +13,16 @@ all W ranks (DDP on the global group, as in `DMPCollection`), so they never need
 The sync is not `DMPCollection`'s average. Averaging replicas that each stepped on their own
 half of the batch moves a row only one replica's samples touched half as far as 1D does, and
 doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
-its own (`share_gradients`: the replicas' gradients add up to 1D's), and a sync adds up what
-every replica changed since they last agreed (`sync`): SGD every step is then 1D exactly, and a
-row one replica touched gets 1D's update and state whatever N. The optimizer state (a sum of
-squared gradients) adds up as the square of the sum of its increments' roots, which is 1D's
-where the replicas' gradients of a row point alike (a hot row) and never less than their sum of
-squares, which would let hot rows step further than 1D's. Between syncs the replicas do not see
-each other's updates: N > 1 is still another optimizer (docs/planner.md measures it). Each rank
-keeps the copy its replicas last agreed on, as large as its shards (the planner prices it).
+its own (`share_gradients`: the replicas' gradients add up to 1D's). Synced every step, each
+replica's gradient is recovered from its one update and the state after it, and 1D's update is
+made from their sum (`_sync_one_step`): 2D trains the 1D model. Every N > 1 steps a sync adds up
+what every replica changed since they last agreed (`sync`): a row one replica touched gets 1D's
+update and state, and the optimizer state (a sum of squared gradients) adds up as the square of
+the sum of its increments' roots, which is 1D's where the replicas' gradients of a row point
+alike (a hot row) and never less than their sum of squares, which would let hot rows step
+further than 1D's. Between those syncs the replicas do not see each other's updates: another
+optimizer (docs/benchmarks.md measures it). Each rank keeps the copy its replicas last agreed
+on, as large as its shards (the planner prices it).
 """
 
 from __future__ import annotations
