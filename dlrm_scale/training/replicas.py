@@ -74,8 +74,10 @@ class ReplicaGroups:
                               for f in sparse_arch._sparse_feature_names]).view(-1, 1)  # noqa: SLF001 - SparseArch's feature order
 
         def hook(_module, _inputs, output):
+            nonlocal share
             if isinstance(output, torch.Tensor) and output.requires_grad:  # [batch, feature, dim]
-                output.register_hook(lambda grad: grad * share.to(grad.device))
+                share = share.to(output.device)  # once: then a no-op, not a copy to the device every step
+                output.register_hook(lambda grad: grad * share)
 
         sparse_arch.register_forward_hook(hook)
 
