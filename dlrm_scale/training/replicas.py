@@ -15,12 +15,15 @@ half of the batch moves a row only one replica's samples touched half as far as 
 doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
 its own (`share_gradients`: the replicas' gradients add up to 1D's). Synced every step, each
 replica's gradient is recovered from its one update and the state after it, and 1D's update is
-made from their sum (`_sync_one_step`): 2D trains the 1D model. Every N > 1 steps a sync adds up
-what every replica changed since they last agreed (`sync`): a row one replica touched gets 1D's
-update and state, and the optimizer state (a sum of squared gradients) adds up as the square of
-the sum of its increments' roots, which is 1D's where the replicas' gradients of a row point
-alike (a hot row) and never less than their sum of squares, which would let hot rows step
-further than 1D's. Between those syncs the replicas do not see each other's updates: another
+made from their sum (`_sync_one_step`): 2D trains the 1D model. Every N > 1 steps (`sync`) each
+replica's change since they last agreed is turned into the gradient it amounts to at the state
+it ended with (for one step, its gradient exactly); their sum is applied at the state 1D would
+hold, whose increments (sums of squares) add up as the square of the sum of their roots: 1D's
+where the replicas' gradients of a row point alike, never less than their sum of squares. A row
+one replica touched gets that replica's update and state; a hot row that every replica pushed
+alike moves as far as 1D moves it (exactly from an empty state, and in the limit of a large
+one), where the plain sum of the updates would move it up to R times as far. SGD's updates add
+up to 1D's as they are. Between those syncs the replicas do not see each other's updates: another
 optimizer (docs/benchmarks.md measures it). Each rank keeps the copy its replicas last agreed
 on, as large as its shards (the planner prices it).
 """
@@ -33,7 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed.types import ShardingEnv2D
 
 from dlrm_scale.bridge.resident import embedding_kernels
-from dlrm_scale.training.table_optimizer import fused_update, gradient_of_update
+from dlrm_scale.training.table_optimizer import fused_update, gradient_of_update, step_size
 from planner.plan.document import Plan
 from planner.plan.replication import exact_every_step, sharding_groups
 
@@ -105,15 +108,20 @@ class ReplicaGroups:
         shards = self._shards(model)
         if exact_every_step(self.optimizer, self.sync_every_steps):
             return self._sync_one_step(shards, lr)
-        updates = [w.sub_(w0) for (w, _), (w0, _) in zip(shards, self.agreed, strict=True)]  # in place: no copy
+        for (w, s), (w0, _) in zip(shards, self.agreed, strict=True):
+            w.sub_(w0)  # this replica's update since they agreed, in place: no copy
+            if s is not None:  # as the gradient it amounts to at the state it ended with (learning rates in it)
+                gradient_of_update(self.optimizer, w, s, 1.0)
         roots = [s.sub_(s0).sqrt_() for (_, s), (_, s0) in zip(shards, self.agreed) if s is not None]
-        sent = self._sum(updates + roots)
+        sent = self._sum([w for w, _ in shards] + roots)
         for (w, s), (w0, s0) in zip(shards, self.agreed):
-            w0.add_(w)
-            w.copy_(w0)
-            if s is not None:  # increments of a sum of squares: the square of their roots' sum
+            if s is None:  # SGD: the updates' sum is 1D's
+                w0.add_(w)
+            else:  # increments of a sum of squares: the square of their roots' sum; the summed gradient at it
                 s0.add_(s.square_())
+                w0.sub_(w.mul_(step_size(self.optimizer, s0, 1.0)))
                 s.copy_(s0)
+            w.copy_(w0)
         return sent
 
     def _sync_one_step(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
