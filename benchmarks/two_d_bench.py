@@ -50,7 +50,7 @@ def planned(model: str, config: str, batch: int, sync_every: int | None, directo
     if model == "tiny":
         plan = hand_plan(config, "table_wise", WORLD if sync_every is None else GROUP)
         if sync_every is not None:
-            plan = replace(plan, replication=Replication(GROUP, WORLD // GROUP, sync_every, 0.0))
+            plan = replace(plan, replication=Replication(GROUP, WORLD // GROUP, sync_every, 0.0, 0.0))  # not priced: trained only
         plan.save(path)
         return path
     flags = [] if sync_every is None else ["--sync-every", str(sync_every), "--group-size", str(GROUP)]

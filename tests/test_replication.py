@@ -14,7 +14,8 @@ from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes, sh
 from planner.plan.document import Plan, PlanFormatError, table_layout
 from planner.plan.planning import make_plan
 from planner.plan import replication
-from planner.plan.replication import group_cluster, group_sizes, held_bytes_per_rank, plan_replicated, predicted_step_ms, sync_ms
+from planner.plan.replication import (group_cluster, group_sizes, held_bytes_per_rank, plan_replicated, predicted_step_ms, shared_ms,
+                                      sync_ms)
 from planner.search.solver import SolverConfig
 from planner.spec.problem import PlanningProblem
 from planner.spec.specs import TrainingSpec
@@ -81,7 +82,9 @@ def test_the_planner_takes_the_group_size_whose_step_with_its_sync_is_shortest(p
     chosen = plan_replicated(p, SYNC_EVERY, config=SolverConfig(time_limit_s=1.2 * len(group_sizes(p.cluster))))
     assert sorted(searched, reverse=True) == group_sizes(p.cluster)
     one_d = searched[64].step[0]
-    steps = {g: plan.step[0] + (sync_ms(plan, p.training.embedding_optimizer, 64 // g, p.cluster, SYNC_EVERY) / SYNC_EVERY if g < 64 else 0.0)
+    opt, tables, b = p.training.embedding_optimizer, {t.name: t for t in p.tables}, p.training.batch_size_per_rank
+    steps = {g: plan.step[0] + (sync_ms(plan, opt, 64 // g, p.cluster, SYNC_EVERY) / SYNC_EVERY
+                                + shared_ms(plan, tables, b, opt, 64 // g, p.cluster, SYNC_EVERY) if g < 64 else 0.0)
              for g, plan in searched.items()}
     best = min(steps, key=steps.get)
     assert predicted_step_ms(chosen) == pytest.approx(steps[best])
@@ -99,7 +102,7 @@ def test_a_2d_plan_round_trips_and_a_damaged_replication_is_one_line():
     plan = plan_replicated(p, SYNC_EVERY, [4], SolverConfig(time_limit_s=1.0))
     doc = plan.to_dict()
     assert doc["replication"] == {"group_size": 4, "replicas": 4, "sync_every_steps": SYNC_EVERY,
-                                  "sync_ms": plan.replication.sync_ms, "strategy": "sum_of_updates"}
+                                  "sync_ms": plan.replication.sync_ms, "shared_ms": plan.replication.shared_ms, "strategy": "shared_rows"}
     # each rank holds its shards and, beside them, the copy its replicas agreed on; no table cached
     assert all(r.memory.hbm_bytes >= 2 * held for r, held in zip(plan.ranks, held_bytes_per_rank(plan, "rowwise_adagrad")))
     assert max(held_bytes_per_rank(plan, "rowwise_adagrad")) > 0 and not any(t.cached for t in plan.tables.values())

@@ -1,8 +1,10 @@
 """2D sparse parallelism trained (dlrm_scale.training.replicas): 4 ranks as 2 replicas of a
-2-rank sharding group. A sync adds up each sharded table's updates, as gradients, and optimizer
-state over exactly its replica group and leaves data-parallel tables alone; synced every step it trains
-the 1D model; a job sends and syncs the bytes its plan counts, resumes bitwise from its own
-checkpoint, and its checkpoint loads under a 1D plan with the tables as saved."""
+2-rank sharding group. A sync adds up each sharded table's updates and optimizer state over
+exactly its replica group and leaves data-parallel tables alone; the rows two replicas look up
+are synced after each step; synced every step 2D trains the 1D model, and so does it every 10
+until a replica reads a row another changed; a job sends and syncs the bytes its plan counts,
+resumes bitwise from its own checkpoint, and its checkpoint loads under a 1D plan with the
+tables as saved."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from dlrm_scale.tools.launch import run_on_ranks
+from dlrm_scale.training.replicas import shared_rows
 from planner.plan.document import Plan
 from planner.plan.replication import synced_bytes_per_rank
 from tests.test_multinode import ENV, MODEL, _restored_tables, cli, windows
@@ -98,33 +101,53 @@ def test_a_sync_adds_up_every_sharded_tables_updates_over_its_replica_group_alon
         # DMPCollection's layout: sharding groups [0, 2] and [1, 3]; replica groups [0, 1] and [2, 3]
         assert job_ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
         assert synced == per_group_rank[rank // 2]  # exactly what the plan prices the sync with
-        # state: 4 + the square of its increments' roots' sum (0 + 1, or 2 + 3); weights: 1 + the sum of each
-        # replica's update as the gradient it amounts to at its state (update x root of the state), applied at
-        # that state: a row one replica moved moves by its update (1); two replicas' 2 and 3 add up to less than 5
-        weight, state = (2.0, 5.0) if rank < 2 else (1.0 + (2 * 8**0.5 + 3 * 13**0.5) / 29**0.5, 29.0)
+        # weights 1 and state 4 + the replicas' changes (0 + 1 and 0 + 1, or 2 + 3 and 4 + 9): after share_rows
+        # only one replica's change of a row is not zero, whose sum is that change; here both, to check the sum
+        weight, state = (2.0, 5.0) if rank < 2 else (6.0, 17.0)
         sharded = {k: v for k, v in held.items() if k[0] != "t_tiny"}
         assert sharded, "every rank holds a sharded table in this plan"
         for key, (weights, states) in sharded.items():
-            assert weights == [pytest.approx(weight, rel=1e-6)] and states == [state], (rank, key)
+            assert weights == [weight] and states == [state], (rank, key)
         assert held[("t_tiny", 0)][0] == [7.0 + rank]  # data-parallel: all-reduced with the dense layers, never here
         assert again == held
 
 
-def test_2d_synced_every_step_trains_the_1d_model(tmp_path):
-    """Each replica's gradient recovered from its update, summed, and 1D's row-wise Adagrad update
-    made from it at each step's learning rate (warming up): after 3 steps every table and dense
-    layer is 1D's (to rounding)."""
+def test_the_rows_synced_after_a_step_are_those_two_replicas_looked_up_since_they_agreed():
+    changed_by = torch.full((8,), -1, dtype=torch.int16)
+    # replica 0 looks up rows 1 and 2, replica 1 rows 2 and 3: row 2 synced, from one step's changes
+    rows, fresh = shared_rows(changed_by, [torch.tensor([1, 2]), torch.tensor([2, 3])])
+    assert rows.tolist() == [2] and fresh.tolist() == [True]
+    assert changed_by.tolist() == [-1, 0, -1, 1, -1, -1, -1, -1]
+    # next step replica 1 looks up row 1, which replica 0 changed: synced, from more than one step's
+    # changes; its own row 3 again and replica 0's new row 4 stay theirs
+    rows, fresh = shared_rows(changed_by, [torch.tensor([4]), torch.tensor([1, 3])])
+    assert rows.tolist() == [1] and fresh.tolist() == [False]
+    assert changed_by.tolist() == [-1, -1, -1, 1, 0, -1, -1, -1]
+    # three replicas: rows 5 (replicas 0 and 2 at once) and 4 (replica 0's, now replica 2's); none looked up
+    rows, fresh = shared_rows(changed_by, [torch.tensor([5]), torch.tensor([], dtype=torch.int64), torch.tensor([4, 5, 6])])
+    assert rows.tolist() == [4, 5] and fresh.tolist() == [False, True]
+    assert changed_by.tolist() == [-1, -1, -1, 1, -1, -1, 2, -1]
+
+
+@pytest.mark.parametrize("sync_every, steps", [(1, 3), (10, 1)])
+def test_2d_trains_the_1d_model_while_no_replica_reads_a_row_another_changed(tmp_path, sync_every, steps):
+    """Synced every step: each replica's gradient recovered from its update, summed, and 1D's
+    row-wise Adagrad update made from it at each step's learning rate (warming up); after 3
+    steps every table and dense layer is 1D's (to rounding). Synced every 10 steps, after one:
+    the rows both replicas looked up were synced after the step from their gradients (the sum of
+    their updates would move them further), the others hold one replica's update until the sync
+    (here the checkpoint's)."""
     config = tmp_path / "two_d.yaml"
     config.write_text(TWO_D.replace("train: {", "train: {warmup_steps: 4, "))
     make_plan(config, tmp_path / "p1d.json")
-    make_plan(config, tmp_path / "p2d.json", "--sync-every", "1", "--group-size", "2")
+    make_plan(config, tmp_path / "p2d.json", "--sync-every", str(sync_every), "--group-size", "2")
     exported = {}
     for run in ("p1d", "p2d"):
         r = subprocess.run(cli("train", "--nproc-per-node", "4", "--config", str(config), "--plan", str(tmp_path / f"{run}.json"),
-                               "--steps", "3", "--checkpoint-dir", str(tmp_path / run), "--checkpoint-every", "3",
+                               "--steps", str(steps), "--checkpoint-dir", str(tmp_path / run), "--checkpoint-every", str(steps),
                                "--out-dir", str(tmp_path / run)), capture_output=True, text=True, env=ENV, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-        exported[run] = export(config, tmp_path / run / "step_000000003", tmp_path / f"{run}.pt")
+        exported[run] = export(config, tmp_path / run / f"step_{steps:09d}", tmp_path / f"{run}.pt")
     one_d, two_d = exported["p1d"], exported["p2d"]
     assert one_d.keys() == two_d.keys()
     for key in one_d:
@@ -155,6 +178,12 @@ def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(t
     predicted = [sum(w["replica_sync_bytes_predicted"][r] for w in trained) for r in range(4)]
     assert measured == pytest.approx(predicted, rel=1e-9) and min(measured) > 0
     assert [bool(w["replica_sync_bytes"][0]) for w in trained] == [s % 5 == 0 for s in range(1, 21)]
+    shared = [sum(w["replica_shared_bytes"][r] for w in trained) for r in range(4)]
+    shared_predicted = [sum(w["replica_shared_bytes_predicted"][r] for w in trained) for r in range(4)]
+    # the rows two replicas looked up, exchanged after every step: the plan's estimate (a Zipf law's
+    # distinct rows) within a third of what was sent
+    assert all(w["replica_shared_bytes"][r] > 0 for w in trained for r in range(4))
+    assert shared == pytest.approx(shared_predicted, rel=0.35)
 
     # resumed from its step-10 checkpoint (taken after a sync), the job repeats steps 11-20 bitwise
     # (--deterministic on 4 ranks: DDP keeps its first gradient buckets, see training.build)

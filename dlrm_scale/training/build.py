@@ -59,6 +59,7 @@ def build_parts(run: RunConfig, plan: Plan, device: torch.device, rank: int, wor
                                 replicas, run.problem.cluster.ranks_per_node if replicas is not None else None, train.deterministic)
     if replicas is not None:
         replicas.share_gradients(model, {feature_name(t.name): t.name for t in run.problem.tables})
+        replicas.watch_lookups(model)
     timer = PhaseTimer()
     instrument(model, timer)
     tiered = None

@@ -15,17 +15,21 @@ half of the batch moves a row only one replica's samples touched half as far as 
 doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
 its own (`share_gradients`: the replicas' gradients add up to 1D's). Synced every step, each
 replica's gradient is recovered from its one update and the state after it, and 1D's update is
-made from their sum (`_sync_one_step`): 2D trains the 1D model. Every N > 1 steps (`sync`) each
-replica's change since they last agreed is turned into the gradient it amounts to at the state
-it ended with (for one step, its gradient exactly); their sum is applied at the state 1D would
-hold, whose increments (sums of squares) add up as the square of the sum of their roots: 1D's
-where the replicas' gradients of a row point alike, never less than their sum of squares. A row
-one replica touched gets that replica's update and state; a hot row that every replica pushed
-alike moves as far as 1D moves it (exactly from an empty state, and in the limit of a large
-one), where the plain sum of the updates would move it up to R times as far. SGD's updates add
-up to 1D's as they are. Between those syncs the replicas do not see each other's updates: another
-optimizer (docs/benchmarks.md measures it). Each rank keeps the copy its replicas last agreed
-on, as large as its shards (the planner prices it).
+made from their sum (`_sync_one_step`): 2D trains the 1D model.
+
+Every N > 1 steps, a row that only one replica looked up since they last agreed has that
+replica's update and state, 1D's (a sync adds up the replicas' changes: only one is not zero).
+A row that two replicas look up is where they part from 1D, so it is not left to the sync:
+after each step the replicas exchange the rows each looked up (`share_rows`, from the ids the
+kernels were given) and sync, at once, every row two of them looked up since they last agreed.
+A row both looked up in this step and not before is synced exactly as every step (its gradient
+recovered from each one-step update, 1D's update and state made from the sum); a row one looked
+up earlier and another now gets their updates as the gradients they amount to at the states
+they ended with, summed and applied at a state whose increments add up as the square of the sum
+of their roots (1D's where their gradients point alike). What remains of 1D's difference: a row
+one replica changed and another then looks up is read as it was, once, before they agree on it.
+Each rank keeps the copy its replicas last agreed on, as large as its shards, and which replica
+changed each row since (the planner prices both, and the rows shared each step).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class ReplicaGroups:
     def __init__(self, plan: Plan, device_type: str, optimizer: str) -> None:
         """`optimizer`: the embedding optimizer's name."""
         rep = plan.replication
-        self.optimizer = optimizer
+        self.optimizer, self.device = optimizer, torch.device(device_type)
         self.replicas, self.sync_every_steps = rep.replicas, rep.sync_every_steps
         self.mesh = DeviceMesh(device_type, sharding_groups(rep), mesh_dim_names=("replicate", "shard"))
         self.sharding_pg, self.replica_pg = self.mesh.get_group("shard"), self.mesh.get_group("replicate")
@@ -66,6 +70,12 @@ class ReplicaGroups:
 
     def due(self, steps_done: int) -> bool:
         return steps_done % self.sync_every_steps == 0
+
+    @property
+    def shares_rows(self) -> bool:
+        """Whether rows two replicas look up are synced after each step (`share_rows`): where the
+        sync does not run every step."""
+        return self.sync_every_steps > 1
 
     def share_gradients(self, model: torch.nn.Module, feature_tables: dict[str, str]) -> None:
         """Scale this replica's gradient of every sharded table by 1/R, so that the replicas'
@@ -84,22 +94,121 @@ class ReplicaGroups:
 
         sparse_arch.register_forward_hook(hook)
 
+    def _sharded_kernels(self, model: torch.nn.Module) -> list:
+        """The TBE kernels of this rank's shards of sharded tables, in an order every replica shares
+        (data-parallel tables are all-reduced every step with the dense layers)."""
+        return [k for k in embedding_kernels(model) if not {t.name for t in k.config.embedding_tables} <= self.replicated_tables]
+
     def _shards(self, model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """(weights, optimizer state or None) of this rank's shard of every sharded table, in an
-        order every replica shares."""
+        """(weights, optimizer state or None) of this rank's shard of every sharded table."""
         shards = []
-        for kernel in embedding_kernels(model):
-            if {t.name for t in kernel.config.embedding_tables} <= self.replicated_tables:
-                continue  # data-parallel: all-reduced every step with the dense layers
+        for kernel in self._sharded_kernels(model):
             weights = kernel.emb_module.split_embedding_weights()
             states = kernel.emb_module.split_optimizer_states() or [[]] * len(weights)  # SGD: none
             shards += [(w, state[0] if state else None) for w, state in zip(weights, states, strict=True)]
         return shards
 
+    def watch_lookups(self, model: torch.nn.Module) -> None:
+        """Keep the ids each training forward gives this rank's kernels (rows of their shards), for
+        `share_rows`. Evaluation (no gradient) looks rows up without changing them: not kept."""
+        self._lookups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        self._feature_tables: list[list[int]] = []  # per kernel: each feature's table (a shard of it)
+
+        for kernel in self._sharded_kernels(model):
+            kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+            def hook(_module, args, kwargs, kept=kept):
+                if torch.is_grad_enabled():
+                    kept.append((kwargs["indices"] if "indices" in kwargs else args[0], kwargs["offsets"] if "offsets" in kwargs else args[1]))
+
+            kernel.emb_module.register_forward_pre_hook(hook, with_kwargs=True)
+            self._lookups.append(kept)
+            self._feature_tables.append(list(kernel.emb_module.feature_table_map))
+
+    def _looked_up(self) -> list[torch.Tensor]:
+        """The distinct rows of each shard the kept forwards looked up (forgotten once read)."""
+        rows: list[list[torch.Tensor]] = []
+        for kept, feature_tables in zip(self._lookups, self._feature_tables, strict=True):
+            per_table: list[list[torch.Tensor]] = [[] for _ in range(max(feature_tables) + 1)]
+            for indices, offsets in kept:
+                per_feature = (offsets.numel() - 1) // len(feature_tables)  # the batch: one bag per sample and feature
+                starts = offsets[::per_feature].tolist()
+                for f, table in enumerate(feature_tables):
+                    per_table[table].append(indices[starts[f]:starts[f + 1]])
+            kept.clear()
+            rows += [torch.unique(torch.cat(ids)) if ids else torch.empty(0, dtype=torch.int64, device=self.device) for ids in per_table]
+        return rows
+
     @torch.no_grad()
     def agree(self, model: torch.nn.Module) -> None:
         """The replicas hold the same tables (the start, a resume): their updates count from here."""
         self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self._shards(model)]
+        # which replica changed each row since they agreed: -1 none (or several, synced at once by share_rows)
+        self.changed_by = [torch.full((w.shape[0],), -1, dtype=torch.int16, device=w.device) for w, _ in self.agreed]
+        if hasattr(self, "_lookups"):
+            self._looked_up()
+
+    @torch.no_grad()
+    def share_rows(self, model: torch.nn.Module, lr: float) -> int:
+        """After a step (N > 1): every row two replicas looked up since they last agreed, synced now
+        (see the module's docstring); `lr`: the step's embedding learning rate. Returns the bytes this
+        rank gathered and all-reduced."""
+        looked_up = self._looked_up()
+        everyone, sent = self._gather(looked_up)
+        shards, parts, synced = self._shards(model), [], []
+        for k, ((w, s), (w0, s0), owner) in enumerate(zip(shards, self.agreed, self.changed_by, strict=True)):
+            rows, fresh = shared_rows(owner, [ids[k] for ids in everyone])
+            if rows.numel():
+                block = (w[rows], None if s is None else s[rows], w0[rows], None if s0 is None else s0[rows])
+                parts += self._own_part(*block)
+                synced.append((k, rows, fresh, block))
+        sent += self._sum(parts)
+        for k, rows, fresh, block in synced:
+            self._agree_on(*block, lr=lr, fresh=fresh)
+            (w, s), (w0, s0) = shards[k], self.agreed[k]
+            for whole, part in ((w, block[0]), (w0, block[2])) + (() if s is None else ((s, block[1]), (s0, block[3]))):
+                whole.index_copy_(0, rows, part)
+        return sent
+
+    def _gather(self, looked_up: list[torch.Tensor]) -> tuple[list[list[torch.Tensor]], int]:
+        """Every replica's `looked_up` (per shard, the rows of this rank's place in the group), and
+        the bytes gathered: how many of each shard, then the rows, padded to the longest."""
+        counts = torch.tensor([t.numel() for t in looked_up], dtype=torch.int64, device=self.device)
+        all_counts = [torch.empty_like(counts) for _ in range(self.replicas)]
+        dist.all_gather(all_counts, counts, group=self.replica_pg)
+        longest = max(int(c.sum()) for c in all_counts)
+        mine = torch.zeros(longest, dtype=torch.int32, device=self.device)
+        if looked_up:
+            mine[:int(counts.sum())] = torch.cat(looked_up).to(torch.int32)
+        gathered = [torch.empty_like(mine) for _ in range(self.replicas)]
+        dist.all_gather(gathered, mine, group=self.replica_pg)
+        everyone = [list(torch.split(flat[:int(c.sum())].to(torch.int64), c.tolist())) for flat, c in zip(gathered, all_counts)]
+        return everyone, self.replicas * (counts.numel() * counts.element_size() + longest * mine.element_size())
+
+    def _own_part(self, w, s, w0, s0) -> list[torch.Tensor]:
+        """What this replica brings to a sync of these rows, in place: its update since they agreed
+        as the gradient it amounts to at the state it ended with (`w`, learning rates in it), and
+        the root of its state's increment (`s`). SGD: its update."""
+        w.sub_(w0)
+        if s is None:
+            return [w]
+        gradient_of_update(self.optimizer, w, s, 1.0)
+        return [w, s.sub_(s0).sqrt_()]
+
+    def _agree_on(self, w, s, w0, s0, lr: float, fresh: torch.Tensor) -> None:
+        """From the replicas' parts summed (`w`, `s`, see _own_part): 1D's update of the agreed
+        rows `w0`, `s0`, in place, and `w`, `s` made them. `fresh`: the rows whose every part is
+        one step's, whose state's increment is the summed gradient's (`lr`: that step's)."""
+        if s is None:  # SGD: the updates' sum is 1D's
+            w0.add_(w)
+        else:  # increments of a sum of squares: the square of their roots' sum, or exactly
+            s.square_()
+            exact = (w[fresh] / lr).square()
+            s[fresh] = exact.mean(dim=1) if self.optimizer == "rowwise_adagrad" else exact
+            s0.add_(s)
+            w0.sub_(w.mul_(step_size(self.optimizer, s0, 1.0)))
+            s.copy_(s0)
+        w.copy_(w0)
 
     @torch.no_grad()
     def sync(self, model: torch.nn.Module, lr: float) -> int:
@@ -108,20 +217,17 @@ class ReplicaGroups:
         shards = self._shards(model)
         if exact_every_step(self.optimizer, self.sync_every_steps):
             return self._sync_one_step(shards, lr)
-        for (w, s), (w0, _) in zip(shards, self.agreed, strict=True):
-            w.sub_(w0)  # this replica's update since they agreed, in place: no copy
-            if s is not None:  # as the gradient it amounts to at the state it ended with (learning rates in it)
-                gradient_of_update(self.optimizer, w, s, 1.0)
-        roots = [s.sub_(s0).sqrt_() for (_, s), (_, s0) in zip(shards, self.agreed) if s is not None]
-        sent = self._sum([w for w, _ in shards] + roots)
-        for (w, s), (w0, s0) in zip(shards, self.agreed):
-            if s is None:  # SGD: the updates' sum is 1D's
-                w0.add_(w)
-            else:  # increments of a sum of squares: the square of their roots' sum; the summed gradient at it
-                s0.add_(s.square_())
-                w0.sub_(w.mul_(step_size(self.optimizer, s0, 1.0)))
-                s.copy_(s0)
+        # share_rows left no row that two replicas changed: the changes' sum is each row's one change
+        changes = [w.sub_(w0) for (w, _), (w0, _) in zip(shards, self.agreed, strict=True)]  # in place: no copy
+        changes += [s.sub_(s0) for (_, s), (_, s0) in zip(shards, self.agreed) if s is not None]
+        sent = self._sum(changes)
+        for (w, s), (w0, s0), owner in zip(shards, self.agreed, self.changed_by):
+            w0.add_(w)
             w.copy_(w0)
+            if s is not None:
+                s0.add_(s)
+                s.copy_(s0)
+            owner.fill_(-1)
         return sent
 
     def _sync_one_step(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
@@ -170,3 +276,21 @@ class ReplicaGroups:
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def shared_rows(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of one shard to sync after a step: those two replicas looked up in it, and those one
+    looked up that another had changed since they agreed; `looked_up[i]`: the distinct rows
+    replica i looked up. Also which of them no replica had changed before the step (`fresh`:
+    every replica's change is the step's). `changed_by` (which replica changed each row since
+    they agreed, -1 none) is updated in place: the rows returned are about to be agreed on, the
+    others looked up are the one replica's that looked them up."""
+    before = [changed_by[ids] for ids in looked_up]
+    distinct, times = torch.unique(torch.cat(looked_up), return_counts=True)
+    after_another = [ids[(b >= 0) & (b != i)] for i, (ids, b) in enumerate(zip(looked_up, before))]
+    rows = torch.unique(torch.cat([distinct[times > 1], *after_another]))
+    fresh = changed_by[rows] == -1
+    for i, ids in enumerate(looked_up):
+        changed_by[ids] = i
+    changed_by[rows] = -1
+    return rows, fresh

@@ -44,12 +44,12 @@ class Trainer:
         parts = build_parts(run, plan, device, rank, world, data_path, initialise)
         self.model, self.timer, self.tiered, self.optimizer = parts.model, parts.timer, parts.tiered, parts.optimizer
         self.data, self.eval_data, self.cpu_kernel = parts.data, parts.eval_data, parts.cpu_kernel
-        self.replicas, self.synced_at, self.synced_bytes = parts.replicas, 0, 0
+        self.replicas, self.synced_at, self.synced_bytes, self.shared_bytes = parts.replicas, 0, 0, 0
         self.lr_schedule = LRSchedule(self.optimizer, train)
         self.meter = CommMeter(run.problem.cluster.ranks_per_node)
         self.metrics = MetricsLog(out_dir, rank)
         self.run_record = run_document(run)
-        self.window = WindowReport(plan, run.problem.training, self.timer, self.meter, rank, world)
+        self.window = WindowReport(plan, run.problem.training, run.problem.tables, self.timer, self.meter, rank, world)
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
                                        run.problem.training.embedding_optimizer, train.seed, rank)
         self.preemption = Preemption(out_dir, rank)
@@ -110,7 +110,7 @@ class Trainer:
             due_checkpoint = self.checkpoints.due(done, last)
             due_log = done % cfg.log_every == 0 or last
             due_eval = (cfg.eval_every and done % cfg.eval_every == 0) or last
-            if self.replicas is not None and self.replicas.due(done):
+            if self.replicas is not None:
                 self._sync_replicas(done, scheduled=True)
             if due_checkpoint or due_log:
                 window = torch.stack(losses).float()
@@ -154,22 +154,29 @@ class Trainer:
 
     def _sync_replicas(self, step: int, scheduled: bool = False) -> None:
         """2D: bring the replicas' tables together, every N steps and before a checkpoint or an evaluation
-        (which then read one model). A scheduled sync is the step's work: its time counts as the
-        step's `rest` and its bytes in the window; another is left out with what it precedes."""
-        if self.replicas is not None and self.synced_at != step:
-            synced = self.replicas.sync(self.model, self.config.embedding_lr * lr_factor(self.config, step - 1))
+        (which then read one model). After each step (`scheduled`), the rows two replicas looked up
+        are synced first (N > 1): the step's work, whose time counts as the step's `rest` and whose
+        bytes count in the window, as a scheduled sync's do; another sync is left out with what it
+        precedes."""
+        lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
+        if scheduled and self.replicas.shares_rows:
+            self.shared_bytes += self.replicas.share_rows(self.model, lr)
+        if self.synced_at != step and (self.replicas.due(step) or not scheduled):
+            synced = self.replicas.sync(self.model, lr)
             self.synced_at = step
             if scheduled:
                 self.synced_bytes += synced
-                self.timer.lap("rest")
+        if scheduled:
+            self.timer.lap("rest")
 
     def _save(self, step: int) -> Path:
-        self._sync_replicas(step)
+        if self.replicas is not None:
+            self._sync_replicas(step)
         return self.checkpoints.save(step)
 
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
-        record = self.window.record(step, losses, self.synced_bytes)
-        self.synced_bytes = 0
+        record = self.window.record(step, losses, self.synced_bytes, self.shared_bytes)
+        self.synced_bytes = self.shared_bytes = 0
         self.metrics.log(record)
         if self.tiered is not None:  # every rank's caches, summed over the window
             now = self.tiered.counters()
@@ -185,7 +192,8 @@ class Trainer:
         return record
 
     def _evaluate(self, step: int, pipeline, resume_training: bool) -> dict:
-        self._sync_replicas(step)
+        if self.replicas is not None:
+            self._sync_replicas(step)
         pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
         with self.meter.paused():
             record = {"step": step, **evaluate(self.model, self.eval_data, self.config.eval_batches, self.device, self.world)}

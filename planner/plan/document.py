@@ -65,23 +65,26 @@ class RankPlan:
         return self.perf.total_ms
 
 
-REPLICA_STRATEGY = "sum_of_updates"  # dlrm_scale.training.replicas: each replica's updates since the last sync, added up
+# dlrm_scale.training.replicas: the rows two replicas look up synced after each step, each replica's
+# updates of the others added up every sync_every_steps
+REPLICA_STRATEGY = "shared_rows"
 
 
 @dataclass(frozen=True)
 class Replication:
     """2D sparse parallelism (planner/plan/replication.py): the plan is one sharding group's, of
-    `group_size` ranks; the job runs `replicas` of it, averaged every `sync_every_steps`."""
+    `group_size` ranks; the job runs `replicas` of it, synced every `sync_every_steps`."""
 
     group_size: int
     replicas: int
     sync_every_steps: int
     sync_ms: float  # one sync, predicted
+    shared_ms: float  # the rows two replicas looked up, synced after each step (N > 1), predicted
     strategy: str = REPLICA_STRATEGY
 
     @property
     def sync_ms_per_step(self) -> float:
-        return self.sync_ms / self.sync_every_steps
+        return self.sync_ms / self.sync_every_steps + self.shared_ms
 
     @property
     def job_world_size(self) -> int:
@@ -231,7 +234,7 @@ class _Reader:
         strategy = self.need(r, "strategy", str, where)
         if strategy != REPLICA_STRATEGY:
             raise PlanFormatError(f"{self.source}: {where}.strategy {strategy!r} is not {REPLICA_STRATEGY!r} (the one dlrm-scale plans)")
-        return Replication(group, replicas, every, self.number(r, "sync_ms", where), strategy)
+        return Replication(group, replicas, every, self.number(r, "sync_ms", where), self.number(r, "shared_ms", where), strategy)
 
     def table(self, name: str, t: Any, world: int, local: int) -> TablePlan:
         source, where = self.source, f"tables[{name!r}]"

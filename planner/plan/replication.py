@@ -24,18 +24,21 @@ What a group size changes, and how the planner prices it:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from planner.cost.cost_model import WEIGHT_BYTES, all_reduce_ms, collective_ms, rows_bytes
+from planner.cost.cost_model import (WEIGHT_BYTES, all_gather_ms, all_reduce_ms, collective_ms, distinct_rows_per_step,
+                                     optimizer_state_bytes, rows_bytes)
 from planner.plan.document import Plan, RankPlan, Replication
 from planner.plan.planning import make_plan
 from planner.search.solver import SolverConfig
 from planner.spec.errors import ConfigError, InfeasiblePlanError, PlanFormatError
 from planner.spec.problem import PlanningProblem
-from planner.spec.specs import ClusterSpec
+from planner.spec.specs import ClusterSpec, TableSpec
 from planner.spec.types import Storage
 
 AGREED_COPIES = 2  # a rank's sharded tables and the copy its replicas last agreed on (dlrm_scale.training.replicas)
+CHANGED_BY_BYTES = 2  # a rank keeps, per row of its shards, which replica changed it since they agreed (int16)
+ID_BYTES = 4  # a row a replica looked up, as the replicas exchange them after each step (int32)
 
 
 def check_sync_every(sync_every_steps: Any) -> int:
@@ -145,9 +148,10 @@ def synced_bytes_per_rank(plan: Plan, optimizer: str, sync_every_steps: int) -> 
 
 
 def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[RankPlan, ...]:
-    """A group plan's ranks, each holding beside its shards the copy its replicas agreed on."""
-    return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy}))
-                 for r, copy in zip(plan.ranks, held_bytes_per_rank(plan, optimizer)))
+    """A group plan's ranks, each holding beside its shards the copy its replicas agreed on, and
+    which replica changed each row since."""
+    kept = _sharded_bytes_per_rank(plan, lambda rows, cols: rows_bytes(rows, cols, optimizer) + rows * CHANGED_BY_BYTES)
+    return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy})) for r, copy in zip(plan.ranks, kept))
 
 
 def synced_bytes(plan: Plan, optimizer: str, sync_every_steps: int) -> int:
@@ -158,6 +162,50 @@ def synced_bytes(plan: Plan, optimizer: str, sync_every_steps: int) -> int:
 def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec, sync_every_steps: int) -> float:
     """One sync: an all-reduce of `synced_bytes` over the R replicas; every rank waits for it."""
     return all_reduce_ms(synced_bytes(plan, optimizer, sync_every_steps), replicas, cluster) + collective_ms(replicas - 1, cluster)
+
+
+def shared_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
+                          sync_every_steps: int) -> list[tuple[float, float]]:
+    """What a group's ranks exchange after each step to sync the rows two replicas looked up
+    (dlrm_scale.training.replicas.share_rows), expected: (bytes gathered, bytes all-reduced) per
+    rank. Gathered: every replica's distinct rows looked up in the rank's shards. All-reduced, per
+    row synced (an update as a gradient, the root of its state's increment): the rows two replicas
+    look up in one step, and once each row two of them look up within N steps. None at N = 1,
+    where the sync runs every step. Assumes each table's Zipf law and independent draws (as the
+    cost model's distinct rows), a replica's batch of G x b samples, rows spread evenly over a
+    table's row blocks."""
+    if sync_every_steps == 1:
+        return [(0.0, 0.0)] * plan.world_size
+    out = [[0.0, 0.0] for _ in range(plan.world_size)]
+    for name, table in plan.tables.items():
+        if table.sharding_type == "data_parallel":
+            continue
+        spec = tables[name]
+        ids = batch_size_per_rank * plan.world_size * spec.pooling_factor
+
+        def distinct(draws: float) -> float:
+            return distinct_rows_per_step(spec, draws)
+
+        def by_two_or_more(draws: float) -> float:  # distinct rows two or more of R replicas' draws hit
+            return replicas * distinct((replicas - 1) * draws) - (replicas - 1) * distinct(replicas * draws)
+
+        looked_up = distinct(ids)
+        synced = by_two_or_more(ids) + by_two_or_more(sync_every_steps * ids) / sync_every_steps
+        for shard in table.shards:
+            part = shard.rows / spec.num_embeddings
+            out[shard.rank][0] += part * replicas * looked_up * ID_BYTES
+            out[shard.rank][1] += part * synced * (shard.cols * WEIGHT_BYTES + optimizer_state_bytes(1, shard.cols, optimizer))
+    return [(gathered, reduced) for gathered, reduced in out]
+
+
+def shared_ms(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
+              cluster: ClusterSpec, sync_every_steps: int) -> float:
+    """Syncing the rows two replicas looked up, after each step, on the rank exchanging the most:
+    counts, then rows gathered over the R replicas, then the rows synced all-reduced."""
+    if sync_every_steps == 1:
+        return 0.0
+    gathered, reduced = max(shared_bytes_per_rank(plan, tables, batch_size_per_rank, optimizer, replicas, sync_every_steps), key=sum)
+    return all_gather_ms(gathered, replicas, cluster) + all_reduce_ms(reduced, replicas, cluster) + 3 * collective_ms(replicas - 1, cluster)
 
 
 def predicted_step_ms(plan: Plan) -> float:
@@ -183,8 +231,10 @@ def plan_replicated(problem: PlanningProblem, sync_every_steps: int, sizes: Sequ
             continue
         if size < world:
             replicas, optimizer = world // size, problem.training.embedding_optimizer
+            shared = shared_ms(candidate, {t.name: t for t in problem.tables}, problem.training.batch_size_per_rank, optimizer, replicas,
+                               cluster, sync_every_steps)
             candidate = replace(candidate, ranks=with_agreed_copies(candidate, optimizer, cluster.device_tier), replication=Replication(
-                size, replicas, sync_every_steps, sync_ms(candidate, optimizer, replicas, cluster, sync_every_steps)))
+                size, replicas, sync_every_steps, sync_ms(candidate, optimizer, replicas, cluster, sync_every_steps), shared))
         if best is None or predicted_step_ms(candidate) < predicted_step_ms(best):
             best = candidate
     if best is None:
