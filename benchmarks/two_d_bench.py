@@ -35,7 +35,8 @@ from pathlib import Path
 from benchmarks.common import ROOT, provenance, write_result
 from benchmarks.invariance_bench import hand_plan
 from dlrm_scale.run_config import load_problem
-from planner.plan.document import Plan, Replication
+from planner.plan.document import Plan
+from planner.plan.replication import replication_of
 
 RESULTS = ROOT / "benchmarks" / "results" / "two_d.json"
 MODELS = {"tiny": "configs/tiny.yaml", "embedding_bound": "configs/bench_embedding_bound.yaml"}
@@ -50,7 +51,8 @@ def planned(model: str, config: str, batch: int, sync_every: int | None, directo
     if model == "tiny":
         plan = hand_plan(config, "table_wise", WORLD if sync_every is None else GROUP)
         if sync_every is not None:
-            plan = replace(plan, replication=Replication(GROUP, WORLD // GROUP, sync_every, 0.0, 0.0))  # not priced: trained only
+            problem = load_problem(config, training_overrides={"batch_size_per_rank": batch})
+            plan = replace(plan, replication=replication_of(plan, problem, WORLD // GROUP, sync_every))
         plan.save(path)
         return path
     flags = [] if sync_every is None else ["--sync-every", str(sync_every), "--group-size", str(GROUP)]
@@ -74,11 +76,14 @@ def train(config: str, plan: Path, steps: int, batch: int, seed: int) -> dict:
         records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if "loss" in r and "samples_per_s" in r]
     final = [r for r in records if "auc" in r][-1]
-    synced = [sum(r.get("replica_sync_bytes", [0])) for r in windows]
+    def per_step(key: str) -> float:  # summed over ranks, mean over steps (a window is a step: --deterministic)
+        return sum(sum(r.get(key, [0])) for r in windows) / len(windows)
+
     return {"auc": final["auc"], "logloss": final["logloss"],
             "losses_every_25": [round(r["loss"], 6) for r in windows][24::25],
             "samples_per_s": statistics.median(r["samples_per_s"] for r in windows[len(windows) // 5:]),
-            "replica_sync_bytes_per_step": sum(synced) / len(windows),
+            "replica_sync_bytes_per_step": per_step("replica_sync_bytes"),
+            "replica_sync_bytes_per_step_predicted": per_step("replica_sync_bytes_predicted"),
             "wall_s": round(time.perf_counter() - started, 1)}
 
 

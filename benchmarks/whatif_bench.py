@@ -33,7 +33,7 @@ import numpy as np
 from dlrm_scale.run_config import load_problem
 from planner.spec.errors import InfeasiblePlanError
 from planner.plan.planning import make_plan
-from planner.plan.replication import group_sizes, plan_replicated, predicted_step_ms, synced_bytes
+from planner.plan.replication import group_sizes, plan_replicated, predicted_step_ms, sync_bytes_per_rank
 from planner.views.comm_volume import embedding_comm_bytes
 from planner.search.solver import SolverConfig
 from planner.spec.problem import PlanningProblem
@@ -128,9 +128,11 @@ def plan_summary(plan, problem: PlanningProblem) -> dict:
     row = {"step_ms": predicted_step_ms(plan), "embedding_step_ms": plan.step[0], "memory_gib_per_rank": memory / 2**30,
            "a2a_mb_per_step": sent / 1e6, "group_size": plan.world_size}
     if rep is not None:
-        ring = 2 * (rep.replicas - 1) / rep.replicas  # of its buffer a rank sends in a ring all-reduce
-        row.update(sync_ms=rep.sync_ms, sync_ms_per_step=rep.sync_ms_per_step,
-                   sync_mb_per_step=ring * synced_bytes(plan, t.embedding_optimizer, rep.sync_every_steps) / 1e6 / rep.sync_every_steps)
+        share = (rep.replicas - 1) / rep.replicas  # of its buffer a rank sends in a ring all-gather (twice that in an all-reduce)
+        exchanged = max(sync_bytes_per_rank(plan, {tb.name: tb for tb in problem.tables}, t.batch_size_per_rank, t.embedding_optimizer,
+                                            rep.replicas, rep.sync_every_steps), key=lambda b: b.per_step(rep.sync_every_steps))
+        sent = share * exchanged.gathered + 2 * share * (exchanged.shared + exchanged.synced / rep.sync_every_steps)
+        row.update(sync_ms=rep.sync_ms, shared_ms=rep.shared_ms, sync_ms_per_step=rep.sync_ms_per_step, sync_mb_per_step=sent / 1e6)
     return row
 
 

@@ -10,15 +10,15 @@ import pytest
 
 from benchmarks.workloads import synthetic_tables
 from dlrm_scale.run_config import load_problem
-from planner.cost.cost_model import all_reduce_ms, collective_ms, rows_bytes, sharding_types_ms
+from planner.cost.cost_model import collective_ms, rows_bytes, sharding_types_ms
 from planner.plan.document import Plan, PlanFormatError, table_layout
 from planner.plan.planning import make_plan
 from planner.plan import replication
-from planner.plan.replication import (group_cluster, group_sizes, held_bytes_per_rank, plan_replicated, predicted_step_ms, shared_ms,
-                                      sync_ms)
+from planner.plan.replication import (group_cluster, group_sizes, held_bytes_per_rank, plan_replicated, predicted_step_ms,
+                                      replication_of, sync_bytes_per_rank)
 from planner.search.solver import SolverConfig
 from planner.spec.problem import PlanningProblem
-from planner.spec.specs import TrainingSpec
+from planner.spec.specs import TableSpec, TrainingSpec
 from planner.spec.types import ShardingType
 
 SYNC_EVERY = 10
@@ -49,19 +49,28 @@ def test_an_all_to_alls_latency_grows_with_the_ranks_it_spans():
     assert sharding_types_ms(["table_wise"], cluster) == pytest.approx(3 * collective_ms(63, cluster))
 
 
-def test_a_sync_all_reduces_the_fullest_ranks_tables_and_state_over_its_replicas():
+def test_a_sync_exchanges_the_rows_its_replicas_look_up_and_no_other():
+    """A small table every step looks up whole, and a large one (20M rows) a step touches little
+    of, each on a rank of a 2-rank group: synced every step, a rank all-reduces every row its
+    replicas looked up (all of the small table) and gathers their ids; every 10 steps, each step
+    the rows two replicas looked up and every 10th the rest."""
     p = problem(16, 1.0)
-    small, large = p.tables[0], p.tables[1]
-    plan = Plan(2, 2, {small.name: table_layout(small, ShardingType.TABLE_WISE, [0], "hbm"),
-                       large.name: table_layout(large, ShardingType.ROW_WISE, [0, 1], "hbm")}, (), 0.0, 0.0)
-    fullest = rows_bytes(small.num_embeddings, small.embedding_dim, "rowwise_adagrad") + \
-        rows_bytes(-(-large.num_embeddings // 2), large.embedding_dim, "rowwise_adagrad")
-    within = sync_ms(plan, "rowwise_adagrad", 8, p.cluster, SYNC_EVERY)  # 8 replicas: one node, its fast link
-    assert within == pytest.approx(all_reduce_ms(fullest, 8, p.cluster) + collective_ms(7, p.cluster), rel=1e-3)
-    assert sync_ms(plan, "rowwise_adagrad", 16, p.cluster, SYNC_EVERY) > 5 * within  # 16 replicas span two nodes: the slow link
-    # synced every step, a sync sends the weights' change alone (the state follows from the summed gradient)
-    weights = 4 * (small.num_embeddings * small.embedding_dim + -(-large.num_embeddings // 2) * large.embedding_dim)
-    assert sync_ms(plan, "rowwise_adagrad", 8, p.cluster, 1) == pytest.approx(all_reduce_ms(weights, 8, p.cluster) + collective_ms(7, p.cluster), rel=1e-3)
+    small = TableSpec("small", 100, 64, 10.0)
+    large = TableSpec("large", 20_000_000, 128, 1.0, zipf_exponent=1.05)
+    p = replace(p, tables=(small, large))
+    plan = Plan(2, 2, {t.name: table_layout(t, ShardingType.TABLE_WISE, [k], "hbm") for k, t in enumerate(p.tables)}, (), 0.0, 0.0)
+    every_step = sync_bytes_per_rank(plan, {t.name: t for t in p.tables}, 512, "rowwise_adagrad", 8, 1)
+    # synced every step: the small table's every row, its update and its state's root, and 8 replicas' ids of it
+    assert every_step[0].shared + every_step[0].synced == pytest.approx(rows_bytes(100, 64, "rowwise_adagrad"), rel=1e-3)
+    assert every_step[0].gathered == pytest.approx(8 * 100 * 4, rel=1e-3)
+    # the large table: 8 replicas' 1,024 ids a step hit fewer rows than that, a sliver of the table's 10 GB
+    row = rows_bytes(1, 128, "rowwise_adagrad")
+    assert 1_000 * row < every_step[1].per_step(1) < 8 * 1_024 * (row + 4) < rows_bytes(20_000_000, 128, "rowwise_adagrad") / 1_000
+    every_10 = sync_bytes_per_rank(plan, {t.name: t for t in p.tables}, 512, "rowwise_adagrad", 8, SYNC_EVERY)
+    assert every_10[0].shared == pytest.approx(rows_bytes(100, 64, "rowwise_adagrad"), rel=1e-3)  # hot: every row, every step
+    assert every_10[1].per_step(SYNC_EVERY) < every_step[1].per_step(1)  # a row looked up twice in 10 steps, synced once
+    within = replication_of(plan, p, 8, SYNC_EVERY)  # 8 replicas: one node, its fast link
+    assert replication_of(plan, p, 16, SYNC_EVERY).sync_ms_per_step > within.sync_ms_per_step  # 16 span two nodes
 
 
 @pytest.mark.parametrize("peer_us", [0.0, 5.0])
@@ -82,9 +91,7 @@ def test_the_planner_takes_the_group_size_whose_step_with_its_sync_is_shortest(p
     chosen = plan_replicated(p, SYNC_EVERY, config=SolverConfig(time_limit_s=1.2 * len(group_sizes(p.cluster))))
     assert sorted(searched, reverse=True) == group_sizes(p.cluster)
     one_d = searched[64].step[0]
-    opt, tables, b = p.training.embedding_optimizer, {t.name: t for t in p.tables}, p.training.batch_size_per_rank
-    steps = {g: plan.step[0] + (sync_ms(plan, opt, 64 // g, p.cluster, SYNC_EVERY) / SYNC_EVERY
-                                + shared_ms(plan, tables, b, opt, 64 // g, p.cluster, SYNC_EVERY) if g < 64 else 0.0)
+    steps = {g: plan.step[0] + (replication_of(plan, p, 64 // g, SYNC_EVERY).sync_ms_per_step if g < 64 else 0.0)
              for g, plan in searched.items()}
     best = min(steps, key=steps.get)
     assert predicted_step_ms(chosen) == pytest.approx(steps[best])

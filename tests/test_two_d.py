@@ -18,7 +18,7 @@ import torch
 from dlrm_scale.tools.launch import run_on_ranks
 from dlrm_scale.training.replicas import shared_rows
 from planner.plan.document import Plan
-from planner.plan.replication import synced_bytes_per_rank
+from planner.plan.replication import held_bytes_per_rank
 from tests.test_multinode import ENV, MODEL, _restored_tables, cli, windows
 from tests.test_multinode import plan as make_plan
 
@@ -42,8 +42,8 @@ def export(config: Path, checkpoint: Path, out: Path) -> dict:
 
 def _synced(rank, world, config, plan_path):
     """Every rank's shards and their state agreed at 1 and 4, then changed by rank and rank^2 (the
-    data-parallel table's weights set to 7 + rank), then two syncs: what every rank holds after
-    each, gathered on rank 0."""
+    data-parallel table's weights set to 7 + rank) and every row marked changed, then two syncs:
+    what every rank holds after each, gathered on rank 0."""
     import torch.distributed as dist
 
     from dlrm_scale.training import replicas as replicas_module
@@ -81,12 +81,14 @@ def _synced(rank, world, config, plan_path):
         fill(1.0, 4.0, 7.0)
         replicas.agree(model)
         fill(1.0 + rank, 4.0 + rank**2, 7.0 + rank)
+        for changed_by in replicas.changed_by:  # as a step marks the rows one replica looked up (here both changed them)
+            changed_by.fill_(1)
     replicas_module.COALESCE_BYTES = 100_000  # both ways: t_large's weights alone, in place; the rest several to a call
     synced = replicas.sync(model, lr=0.05)
     after_one = held()
-    replicas.sync(model, lr=0.05)  # nothing changed since they agreed: nothing moves
+    synced_again = replicas.sync(model, lr=0.05)  # nothing changed since they agreed: nothing moves
     gathered = [None] * world
-    dist.all_gather_object(gathered, (replicas.job_ranks, synced, after_one, held()))
+    dist.all_gather_object(gathered, (replicas.job_ranks, synced, after_one, held(), synced_again))
     return gathered
 
 
@@ -95,21 +97,22 @@ def test_a_sync_adds_up_every_sharded_tables_updates_over_its_replica_group_alon
     config.write_text(TWO_D)
     plan = make_plan(config, tmp_path / "p.json", "--sync-every", "5", "--group-size", "2")
     assert plan.replication.group_size == 2 and plan.replication.replicas == 2
-    per_group_rank = synced_bytes_per_rank(plan, "rowwise_adagrad", 5)
+    per_group_rank = held_bytes_per_rank(plan, "rowwise_adagrad")
     result = run_on_ranks(_synced, 4, str(config), str(tmp_path / "p.json"))
-    for rank, (job_ranks, synced, held, again) in enumerate(result):
+    for rank, (job_ranks, synced, held, again, synced_again) in enumerate(result):
         # DMPCollection's layout: sharding groups [0, 2] and [1, 3]; replica groups [0, 1] and [2, 3]
         assert job_ranks == ([0, 2] if rank % 2 == 0 else [1, 3])
-        assert synced == per_group_rank[rank // 2]  # exactly what the plan prices the sync with
-        # weights 1 and state 4 + the replicas' changes (0 + 1 and 0 + 1, or 2 + 3 and 4 + 9): after share_rows
-        # only one replica's change of a row is not zero, whose sum is that change; here both, to check the sum
-        weight, state = (2.0, 5.0) if rank < 2 else (6.0, 17.0)
+        assert synced == per_group_rank[rank // 2]  # every row: its update (as a gradient) and its state's root
+        # state: 4 + the square of its increments' roots' sum (0 + 1, or 2 + 3); weights: 1 + the sum of each
+        # replica's update as the gradient it amounts to at its state (update x root of the state), applied at
+        # that state: a row one replica moved moves by its update (1); two replicas' 2 and 3 add up to less than 5
+        weight, state = (2.0, 5.0) if rank < 2 else (1.0 + (2 * 8**0.5 + 3 * 13**0.5) / 29**0.5, 29.0)
         sharded = {k: v for k, v in held.items() if k[0] != "t_tiny"}
         assert sharded, "every rank holds a sharded table in this plan"
         for key, (weights, states) in sharded.items():
-            assert weights == [weight] and states == [state], (rank, key)
+            assert weights == [pytest.approx(weight, rel=1e-6)] and states == [state], (rank, key)
         assert held[("t_tiny", 0)][0] == [7.0 + rank]  # data-parallel: all-reduced with the dense layers, never here
-        assert again == held
+        assert again == held and synced_again == 0  # the rows were agreed: none changed since
 
 
 def test_the_rows_synced_after_a_step_are_those_two_replicas_looked_up_since_they_agreed():
@@ -173,17 +176,14 @@ def test_a_2d_job_counts_what_its_plan_does_resumes_bitwise_and_loads_under_1d(t
     assert [w["step"] for w in trained] == list(range(1, 21))  # --deterministic logs every step
     for w in trained:
         assert w["comm_bytes"] == w["comm_bytes_predicted"], w["step"]
-    # the syncs (steps 5, 10, 15, 20) moved what the plan's per-step share adds up to, on every rank
+    # every step the replicas exchanged rows looked up, more on the steps that sync every row changed
+    # (5, 10, 15, 20): over the run, the plan's estimate (a Zipf law's distinct rows) within a third
     measured = [sum(w["replica_sync_bytes"][r] for w in trained) for r in range(4)]
     predicted = [sum(w["replica_sync_bytes_predicted"][r] for w in trained) for r in range(4)]
-    assert measured == pytest.approx(predicted, rel=1e-9) and min(measured) > 0
-    assert [bool(w["replica_sync_bytes"][0]) for w in trained] == [s % 5 == 0 for s in range(1, 21)]
-    shared = [sum(w["replica_shared_bytes"][r] for w in trained) for r in range(4)]
-    shared_predicted = [sum(w["replica_shared_bytes_predicted"][r] for w in trained) for r in range(4)]
-    # the rows two replicas looked up, exchanged after every step: the plan's estimate (a Zipf law's
-    # distinct rows) within a third of what was sent
-    assert all(w["replica_shared_bytes"][r] > 0 for w in trained for r in range(4))
-    assert shared == pytest.approx(shared_predicted, rel=0.35)
+    assert measured == pytest.approx(predicted, rel=0.35)
+    assert all(w["replica_sync_bytes"][r] > 0 for w in trained for r in range(4))
+    assert min(w["replica_sync_bytes"][0] for w in trained if w["step"] % 5 == 0) > max(
+        w["replica_sync_bytes"][0] for w in trained if w["step"] % 5)
 
     # resumed from its step-10 checkpoint (taken after a sync), the job repeats steps 11-20 bitwise
     # (--deterministic on 4 ranks: DDP keeps its first gradient buckets, see training.build)

@@ -28,8 +28,9 @@ DistributedModelParallel with the plan from `--plan` (or planned on rank 0 and b
 The plan never changes the model: initial tables, each table's optimizer and the global batch
 of every step depend on the config and seed only, not on the plan or the world size. The one
 exception is a 2D plan (`dlrm-scale plan --sync-every N`) with N > 1: its tables are sharded
-over groups of G ranks, each group trains its replica on its own samples and the replicas'
-updates are added up every N steps, which is another optimizer (with N = 1, 1D's).
+over groups of G ranks, each group trains its replica on its own samples, the rows two
+replicas look up are synced after each step and the others every N steps, so a replica may
+read a row another changed before they sync it: another optimizer (with N = 1, 1D's).
 Embedding optimizers are fused into the backward pass (FBGEMM); input distribution of the
 next batch overlaps the current one (TrainPipelineSparseDist).
 """

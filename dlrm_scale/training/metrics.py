@@ -16,7 +16,7 @@ from dlrm_scale.run_record import PHASES
 from dlrm_scale.training.phases import PhaseTimer
 from planner.views.comm_volume import embedding_comm_bytes
 from planner.plan.document import Plan
-from planner.plan.replication import group_ranks, shared_bytes_per_rank, synced_bytes_per_rank
+from planner.plan.replication import group_ranks, sync_bytes_per_rank
 from planner.spec.specs import TableSpec, TrainingSpec
 
 
@@ -70,23 +70,19 @@ class WindowReport:
         # 2D: the plan is one sharding group's; job rank r does what the plan's rank plan_rank[r] does
         rep = plan.replication
         self.plan_rank = group_ranks(rep) if rep is not None else list(range(world))
-        self.sync_predicted = self.shared_predicted = None
+        self.sync_predicted = None
         if rep is not None:
-            opt = training.embedding_optimizer
-            synced = synced_bytes_per_rank(plan, opt, rep.sync_every_steps)
-            shared = shared_bytes_per_rank(plan, {t.name: t for t in tables}, training.batch_size_per_rank, opt, rep.replicas,
-                                           rep.sync_every_steps)
-            self.sync_predicted = [synced[k] / rep.sync_every_steps for k in self.plan_rank]
-            self.shared_predicted = [sum(shared[k]) for k in self.plan_rank]
+            exchanged = sync_bytes_per_rank(plan, {t.name: t for t in tables}, training.batch_size_per_rank, training.embedding_optimizer,
+                                            rep.replicas, rep.sync_every_steps)
+            self.sync_predicted = [exchanged[k].per_step(rep.sync_every_steps) for k in self.plan_rank]
         self.samples_per_s = 0.0
 
-    def record(self, step: int, losses: torch.Tensor, synced_bytes: int = 0, shared_bytes: int = 0) -> dict:
-        """The window's record; 2D: what this rank all-reduced with its replicas in syncs
-        (`synced_bytes`) and exchanged with them to sync the rows two looked up (`shared_bytes`)."""
+    def record(self, step: int, losses: torch.Tensor, synced_bytes: int = 0) -> dict:
+        """The window's record; `synced_bytes`: what this rank exchanged with its replicas (2D)."""
         n = len(losses)
         phases = self.timer.take()
         sent = [b / n for b in self.meter.reset()]  # embeddings, of them to other nodes, ids: bytes per step
-        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent, synced_bytes / n, shared_bytes / n],
+        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent, synced_bytes / n],
                              dtype=torch.float64)
         gathered = [torch.empty_like(stats) for _ in range(self.world)]
         with self.meter.paused():  # bookkeeping, not the embeddings' traffic
@@ -96,7 +92,7 @@ class WindowReport:
         memory = torch.tensor(resident_bytes(), dtype=torch.int64)
         dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
-        emb, across, ids, synced, shared = (per_rank[:, 1 + len(PHASES) + i] for i in range(5))
+        emb, across, ids, synced = (per_rank[:, 1 + len(PHASES) + i] for i in range(4))
 
         def ints(values) -> list[int]:
             return [int(v) for v in values]
@@ -104,9 +100,8 @@ class WindowReport:
         def per_job_rank(planned) -> list[int]:
             return [int(planned[k]) for k in self.plan_rank]
 
-        replicas = {} if self.sync_predicted is None else {  # 2D: bytes synced with the replicas, per step
-            "replica_sync_bytes": ints(synced), "replica_sync_bytes_predicted": ints(self.sync_predicted),
-            "replica_shared_bytes": ints(shared), "replica_shared_bytes_predicted": ints(self.shared_predicted)}
+        replicas = {} if self.sync_predicted is None else {  # 2D: bytes exchanged with the replicas, per step
+            "replica_sync_bytes": ints(synced), "replica_sync_bytes_predicted": ints(self.sync_predicted)}
         return {
             "step": step, "loss": float(per_rank[:, 0].mean()), "samples_per_s": self.samples_per_s,
             # per step, sent by each rank (index = rank): embeddings and their gradients, those of them

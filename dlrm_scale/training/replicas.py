@@ -13,23 +13,22 @@ all W ranks (DDP on the global group, as in `DMPCollection`), so they never need
 The sync is not `DMPCollection`'s average. Averaging replicas that each stepped on their own
 half of the batch moves a row only one replica's samples touched half as far as 1D does, and
 doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
-its own (`share_gradients`: the replicas' gradients add up to 1D's). Synced every step, each
-replica's gradient is recovered from its one update and the state after it, and 1D's update is
-made from their sum (`_sync_one_step`): 2D trains the 1D model.
-
-Every N > 1 steps, a row that only one replica looked up since they last agreed has that
-replica's update and state, 1D's (a sync adds up the replicas' changes: only one is not zero).
-A row that two replicas look up is where they part from 1D, so it is not left to the sync:
-after each step the replicas exchange the rows each looked up (`share_rows`, from the ids the
-kernels were given) and sync, at once, every row two of them looked up since they last agreed.
-A row both looked up in this step and not before is synced exactly as every step (its gradient
-recovered from each one-step update, 1D's update and state made from the sum); a row one looked
-up earlier and another now gets their updates as the gradients they amount to at the states
-they ended with, summed and applied at a state whose increments add up as the square of the sum
-of their roots (1D's where their gradients point alike). What remains of 1D's difference: a row
-one replica changed and another then looks up is read as it was, once, before they agree on it.
-Each rank keeps the copy its replicas last agreed on, as large as its shards, and which replica
-changed each row since (the planner prices both, and the rows shared each step).
+its own (`share_gradients`: the replicas' gradients add up to 1D's), so a row that one replica
+alone looked up since they last agreed has that replica's update and state, 1D's. A row two
+replicas look up is where they would part from 1D, so it is not left for later: after each step
+the replicas exchange the rows each looked up (from the ids the kernels were given) and sync at
+once every row two of them looked up since they last agreed (`after_step`). One both looked up
+in this step and not before is synced exactly: each replica's gradient recovered from its update
+and the state after it, 1D's update and state made from their sum. One a replica changed earlier
+and another looks up now gets their updates as the gradients they amount to at the states they
+ended with, summed and applied at a state whose increments add up as the square of the sum of
+their roots (1D's where their gradients point alike). Every N steps every row one replica
+changed is synced too, and before a checkpoint or an evaluation (`sync`). Synced every step, 2D
+trains the 1D model; every N > 1 steps, what is left of 1D's difference is that a replica that
+looks up a row another changed reads it as it was, once, before they sync it. Only rows looked
+up move: a sync passes over none of the others. Each rank keeps the copy its replicas last
+agreed on, as large as its shards, and which replica changed each row since (the planner
+prices both, and the rows each step exchanges).
 """
 
 from __future__ import annotations
@@ -40,13 +39,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed.types import ShardingEnv2D
 
 from dlrm_scale.bridge.resident import embedding_kernels
-from dlrm_scale.training.table_optimizer import fused_update, gradient_of_update, step_size
+from dlrm_scale.training.table_optimizer import gradient_of_update, step_size
 from planner.plan.document import Plan
-from planner.plan.replication import exact_every_step, sharding_groups
+from planner.plan.replication import sharding_groups
 
-# Shards and states below this are summed several to an all-reduce (one call each would cost
+# Rows and states below this are summed several to an all-reduce (one call each would cost
 # its latency many times over); larger ones alone, in place, with no copy.
 COALESCE_BYTES = 16 << 20
+# A sync copies the rows it syncs out of the shards and their agreed copy, and back, this many
+# bytes of weights at a time: all of a shard's rows changed since the last sync would be a third
+# and fourth copy of it (the embedding-bound benchmark model: 1.6 GB a rank, on 2 ranks a node).
+SYNC_BLOCK_BYTES = 64 << 20
 
 
 class ReplicaGroups:
@@ -70,12 +73,6 @@ class ReplicaGroups:
 
     def due(self, steps_done: int) -> bool:
         return steps_done % self.sync_every_steps == 0
-
-    @property
-    def shares_rows(self) -> bool:
-        """Whether rows two replicas look up are synced after each step (`share_rows`): where the
-        sync does not run every step."""
-        return self.sync_every_steps > 1
 
     def share_gradients(self, model: torch.nn.Module, feature_tables: dict[str, str]) -> None:
         """Scale this replica's gradient of every sharded table by 1/R, so that the replicas'
@@ -110,7 +107,7 @@ class ReplicaGroups:
 
     def watch_lookups(self, model: torch.nn.Module) -> None:
         """Keep the ids each training forward gives this rank's kernels (rows of their shards), for
-        `share_rows`. Evaluation (no gradient) looks rows up without changing them: not kept."""
+        `after_step`. Evaluation (no gradient) looks rows up without changing them: not kept."""
         self._lookups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self._feature_tables: list[list[int]] = []  # per kernel: each feature's table (a shard of it)
 
@@ -143,31 +140,62 @@ class ReplicaGroups:
     def agree(self, model: torch.nn.Module) -> None:
         """The replicas hold the same tables (the start, a resume): their updates count from here."""
         self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self._shards(model)]
-        # which replica changed each row since they agreed: -1 none (or several, synced at once by share_rows)
+        # which replica changed each row since they agreed: -1 none (or several: synced after the step)
         self.changed_by = [torch.full((w.shape[0],), -1, dtype=torch.int16, device=w.device) for w, _ in self.agreed]
         if hasattr(self, "_lookups"):
             self._looked_up()
 
     @torch.no_grad()
-    def share_rows(self, model: torch.nn.Module, lr: float) -> int:
-        """After a step (N > 1): every row two replicas looked up since they last agreed, synced now
-        (see the module's docstring); `lr`: the step's embedding learning rate. Returns the bytes this
-        rank gathered and all-reduced."""
-        looked_up = self._looked_up()
-        everyone, sent = self._gather(looked_up)
-        shards, parts, synced = self._shards(model), [], []
-        for k, ((w, s), (w0, s0), owner) in enumerate(zip(shards, self.agreed, self.changed_by, strict=True)):
-            rows, fresh = shared_rows(owner, [ids[k] for ids in everyone])
-            if rows.numel():
-                block = (w[rows], None if s is None else s[rows], w0[rows], None if s0 is None else s0[rows])
-                parts += self._own_part(*block)
-                synced.append((k, rows, fresh, block))
-        sent += self._sum(parts)
-        for k, rows, fresh, block in synced:
-            self._agree_on(*block, lr=lr, fresh=fresh)
+    def after_step(self, model: torch.nn.Module, lr: float, due: bool) -> int:
+        """After each step: the rows two replicas looked up since they last agreed, synced now, and
+        on a `due` step (every N) every row one of them changed (see the module's docstring);
+        `lr`: the step's embedding learning rate. Returns the bytes this rank gathered and
+        all-reduced."""
+        everyone, sent = self._gather(self._looked_up())
+        chosen = []
+        for k, changed_by in enumerate(self.changed_by):
+            rows, fresh = shared_rows(changed_by, [ids[k] for ids in everyone])
+            chosen.append(_and_changed(changed_by, rows, fresh) if due else (rows, fresh))
+        return sent + self._sync_rows(model, chosen, lr)
+
+    @torch.no_grad()
+    def sync(self, model: torch.nn.Module, lr: float) -> int:
+        """Every row a replica changed since they last agreed, synced: before a checkpoint or an
+        evaluation, which then read one model. Returns the bytes all-reduced."""
+        none = torch.empty(0, dtype=torch.int64, device=self.device)
+        return self._sync_rows(model, [_and_changed(changed_by, none, none.bool()) for changed_by in self.changed_by], lr)
+
+    def _sync_rows(self, model: torch.nn.Module, chosen: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
+        """Sync the `chosen` (rows, fresh) of each shard, in blocks of at most SYNC_BLOCK_BYTES of
+        weights (each copied out, synced and copied back: a sync never holds a third copy of the
+        shards). Returns the bytes all-reduced."""
+        shards = self._shards(model)
+        sent, block, block_bytes = 0, [], 0
+        for k, (rows, fresh) in enumerate(chosen):
+            w = shards[k][0]
+            row_bytes = w.shape[1] * w.element_size()
+            step = max(1, SYNC_BLOCK_BYTES // row_bytes)
+            for i in range(0, rows.numel(), step):
+                block.append((k, rows[i:i + step], fresh[i:i + step]))
+                block_bytes += min(step, rows.numel() - i) * row_bytes
+                if block_bytes >= SYNC_BLOCK_BYTES:
+                    sent += self._sync_block(shards, block, lr)
+                    block, block_bytes = [], 0
+        return sent + (self._sync_block(shards, block, lr) if block else 0)
+
+    def _sync_block(self, shards, block: list[tuple[int, torch.Tensor, torch.Tensor]], lr: float) -> int:
+        copies, parts = [], []
+        for k, rows, _ in block:
             (w, s), (w0, s0) = shards[k], self.agreed[k]
-            for whole, part in ((w, block[0]), (w0, block[2])) + (() if s is None else ((s, block[1]), (s0, block[3]))):
-                whole.index_copy_(0, rows, part)
+            copies.append((w[rows], None if s is None else s[rows], w0[rows], None if s0 is None else s0[rows]))
+            parts += self._own_part(*copies[-1])
+        sent = self._sum(parts)
+        for (k, rows, fresh), copy in zip(block, copies):
+            self._agree_on(*copy, lr=lr, fresh=fresh)
+            (w, s), (w0, s0) = shards[k], self.agreed[k]
+            for whole, part in zip((w, s, w0, s0), copy):
+                if whole is not None:
+                    whole.index_copy_(0, rows, part)
         return sent
 
     def _gather(self, looked_up: list[torch.Tensor]) -> tuple[list[list[torch.Tensor]], int]:
@@ -209,46 +237,6 @@ class ReplicaGroups:
             w0.sub_(w.mul_(step_size(self.optimizer, s0, 1.0)))
             s.copy_(s0)
         w.copy_(w0)
-
-    @torch.no_grad()
-    def sync(self, model: torch.nn.Module, lr: float) -> int:
-        """Bring the replicas together (see the module's docstring); `lr`: the embedding learning
-        rate of the step just done. Returns the bytes this rank all-reduced."""
-        shards = self._shards(model)
-        if exact_every_step(self.optimizer, self.sync_every_steps):
-            return self._sync_one_step(shards, lr)
-        # share_rows left no row that two replicas changed: the changes' sum is each row's one change
-        changes = [w.sub_(w0) for (w, _), (w0, _) in zip(shards, self.agreed, strict=True)]  # in place: no copy
-        changes += [s.sub_(s0) for (_, s), (_, s0) in zip(shards, self.agreed) if s is not None]
-        sent = self._sum(changes)
-        for (w, s), (w0, s0), owner in zip(shards, self.agreed, self.changed_by):
-            w0.add_(w)
-            w.copy_(w0)
-            if s is not None:
-                s0.add_(s)
-                s.copy_(s0)
-            owner.fill_(-1)
-        return sent
-
-    def _sync_one_step(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
-        """Each replica's gradient, from its one update and the state after it, summed (1D's
-        gradient), and 1D's update made from where the replicas agreed, on the rows any replica
-        touched (the others are as agreed in every replica). In place: each shard holds its
-        update, then its gradient, until the agreed rows and the new ones are copied back."""
-        touched = []
-        for (w, s), (w0, _) in zip(shards, self.agreed, strict=True):
-            touched.append(w.sub_(w0).any(dim=1))
-            gradient_of_update(self.optimizer, w, s, lr)
-        sent = self._sum([w for w, _ in shards])
-        for (g, s), (w0, s0), mine in zip(shards, self.agreed, touched):
-            rows = (mine | g.any(dim=1)).nonzero().squeeze(1)
-            new_w, new_s = w0[rows], s0[rows]
-            fused_update(self.optimizer, new_w, new_s, g[rows], lr)
-            w0.index_copy_(0, rows, new_w)
-            s0.index_copy_(0, rows, new_s)
-            g.copy_(w0)
-            s.copy_(s0)
-        return sent
 
     def _sum(self, tensors: list[torch.Tensor]) -> int:
         """Sum each of `tensors` over the replica group, in place: small ones several to an
@@ -294,3 +282,11 @@ def shared_rows(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> tupl
         changed_by[ids] = i
     changed_by[rows] = -1
     return rows, fresh
+
+
+def _and_changed(changed_by: torch.Tensor, rows: torch.Tensor, fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` and `fresh` (shared_rows') with every row one replica changed since they agreed (its
+    change is 1D's, synced either way: not marked fresh); `changed_by` cleared."""
+    one = (changed_by >= 0).nonzero().squeeze(1)
+    changed_by.fill_(-1)
+    return torch.cat([rows, one]), torch.cat([fresh, torch.zeros_like(one, dtype=torch.bool)])

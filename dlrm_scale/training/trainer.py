@@ -44,7 +44,7 @@ class Trainer:
         parts = build_parts(run, plan, device, rank, world, data_path, initialise)
         self.model, self.timer, self.tiered, self.optimizer = parts.model, parts.timer, parts.tiered, parts.optimizer
         self.data, self.eval_data, self.cpu_kernel = parts.data, parts.eval_data, parts.cpu_kernel
-        self.replicas, self.synced_at, self.synced_bytes, self.shared_bytes = parts.replicas, 0, 0, 0
+        self.replicas, self.synced_at, self.synced_bytes = parts.replicas, 0, 0
         self.lr_schedule = LRSchedule(self.optimizer, train)
         self.meter = CommMeter(run.problem.cluster.ranks_per_node)
         self.metrics = MetricsLog(out_dir, rank)
@@ -153,21 +153,19 @@ class Trainer:
         self.preemption.record(step, path)
 
     def _sync_replicas(self, step: int, scheduled: bool = False) -> None:
-        """2D: bring the replicas' tables together, every N steps and before a checkpoint or an evaluation
-        (which then read one model). After each step (`scheduled`), the rows two replicas looked up
-        are synced first (N > 1): the step's work, whose time counts as the step's `rest` and whose
-        bytes count in the window, as a scheduled sync's do; another sync is left out with what it
-        precedes."""
+        """2D: after each step (`scheduled`), the rows two replicas looked up, and every N steps every
+        row one changed: the step's work, whose time counts as its `rest` and whose bytes count in
+        the window. Before a checkpoint or an evaluation (which then read one model), every row one
+        changed since the last sync: left out with what it precedes."""
         lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
-        if scheduled and self.replicas.shares_rows:
-            self.shared_bytes += self.replicas.share_rows(self.model, lr)
-        if self.synced_at != step and (self.replicas.due(step) or not scheduled):
-            synced = self.replicas.sync(self.model, lr)
-            self.synced_at = step
-            if scheduled:
-                self.synced_bytes += synced
         if scheduled:
+            due = self.replicas.due(step)
+            self.synced_bytes += self.replicas.after_step(self.model, lr, due)
+            self.synced_at = step if due else self.synced_at
             self.timer.lap("rest")
+        elif self.synced_at != step:
+            self.replicas.sync(self.model, lr)
+            self.synced_at = step
 
     def _save(self, step: int) -> Path:
         if self.replicas is not None:
@@ -175,8 +173,8 @@ class Trainer:
         return self.checkpoints.save(step)
 
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
-        record = self.window.record(step, losses, self.synced_bytes, self.shared_bytes)
-        self.synced_bytes = self.shared_bytes = 0
+        record = self.window.record(step, losses, self.synced_bytes)
+        self.synced_bytes = 0
         self.metrics.log(record)
         if self.tiered is not None:  # every rank's caches, summed over the window
             now = self.tiered.counters()

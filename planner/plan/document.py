@@ -65,8 +65,8 @@ class RankPlan:
         return self.perf.total_ms
 
 
-# dlrm_scale.training.replicas: the rows two replicas look up synced after each step, each replica's
-# updates of the others added up every sync_every_steps
+# dlrm_scale.training.replicas: the rows two replicas look up synced after each step, the rows one
+# changed every sync_every_steps
 REPLICA_STRATEGY = "shared_rows"
 
 
@@ -78,8 +78,8 @@ class Replication:
     group_size: int
     replicas: int
     sync_every_steps: int
-    sync_ms: float  # one sync, predicted
-    shared_ms: float  # the rows two replicas looked up, synced after each step (N > 1), predicted
+    sync_ms: float  # every N steps, the rows one replica changed synced, predicted
+    shared_ms: float  # after each step, the rows looked up exchanged and those two replicas looked up synced, predicted
     strategy: str = REPLICA_STRATEGY
 
     @property

@@ -1,7 +1,7 @@
 """2D sparse parallelism: the tables sharded over groups of G ranks, every group a replica of
-the others, the replicas' updates of their tables added up every N steps (TorchRec's
-`DMPCollection` layout; the sync is ours, dlrm_scale.training.replicas: weights and optimizer
-state all-reduced over each replica group).
+the others, the replicas' tables brought together every N steps (TorchRec's `DMPCollection`
+layout; the sync is ours, dlrm_scale.training.replicas: weights and optimizer state all-reduced
+over each replica group, and after each step the rows two replicas looked up).
 
 The groups are those `DMPCollection` makes by default: a replica group is R = W/G consecutive
 ranks (inside one node where R <= L, so its all-reduce uses the fast link) and a sharding group
@@ -11,19 +11,22 @@ G nodes where R is a multiple of L.
 What a group size changes, and how the planner prices it:
 - the step: a group's all-to-alls span G ranks, not W, and its shards serve the group's G x b
   samples: the plan of a G-rank cluster with the same batch per rank (`group_cluster`);
-- the sync, every N steps: an all-reduce over R ranks of each rank's tables and their optimizer
-  state (`sync_ms`); its share per step is added to the group's step;
+- the sync (`replication_of`): after each step, the rows each replica looked up gathered over
+  the R ranks of a replica group and the rows two looked up all-reduced; every N steps the rows
+  one changed all-reduced; each rank syncs only rows its replicas looked up, expected from each
+  table's Zipf law; its share per step is added to the group's step;
 - memory: a rank holds R times the share of the tables it would hold in 1D, and beside its
   shards the copy its replicas last agreed on: a group is planned into half of each rank's
   device memory (`group_cluster`), its tables uncached (a cached table's copy would be the whole
   table in device memory), and a plan's ranks count the copy;
-- the model: between syncs each replica updates its tables with its own samples' gradients.
-  With N > 1 it is the one plan choice that changes the model (docs/planner.md).
+- the model: each replica updates its tables with its own samples' gradients; with N > 1 a
+  replica may read a row another changed before they sync it, the one plan choice that changes
+  the model (docs/planner.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.cost.cost_model import (WEIGHT_BYTES, all_gather_ms, all_reduce_ms, collective_ms, distinct_rows_per_step,
@@ -115,14 +118,6 @@ def group_ranks(replication: Replication) -> list[int]:
     return out
 
 
-def exact_every_step(optimizer: str, sync_every_steps: int) -> bool:
-    """Whether a sync recovers each replica's gradient from its one update and makes 1D's update
-    from their sum (dlrm_scale.training.replicas): after every step, for the Adagrads. The state
-    then follows from the summed gradient: only the weights' change is all-reduced. (SGD's
-    update is its gradient: every step, the updates' sum is 1D's already.)"""
-    return sync_every_steps == 1 and optimizer != "sgd"
-
-
 def _sharded_bytes_per_rank(plan: Plan, bytes_of: Callable[[int, int], int]) -> list[int]:
     """`bytes_of(rows, cols)` summed over each rank's shards of sharded tables (data-parallel
     tables are all-reduced every step, never synced)."""
@@ -139,14 +134,6 @@ def held_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
     return _sharded_bytes_per_rank(plan, lambda rows, cols: rows_bytes(rows, cols, optimizer))
 
 
-def synced_bytes_per_rank(plan: Plan, optimizer: str, sync_every_steps: int) -> list[int]:
-    """What a sync all-reduces on each rank of a group: its sharded tables' weights' change and,
-    unless the sync is exact, their optimizer state's."""
-    if exact_every_step(optimizer, sync_every_steps):
-        return _sharded_bytes_per_rank(plan, lambda rows, cols: rows * cols * WEIGHT_BYTES)
-    return held_bytes_per_rank(plan, optimizer)
-
-
 def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[RankPlan, ...]:
     """A group plan's ranks, each holding beside its shards the copy its replicas agreed on, and
     which replica changed each row since."""
@@ -154,58 +141,64 @@ def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[Ra
     return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy})) for r, copy in zip(plan.ranks, kept))
 
 
-def synced_bytes(plan: Plan, optimizer: str, sync_every_steps: int) -> int:
-    """What a sync all-reduces on the rank holding the most: every replica waits for it."""
-    return max(synced_bytes_per_rank(plan, optimizer, sync_every_steps))
+@dataclass(frozen=True)
+class SyncBytes:
+    """What a rank of a group exchanges with its replicas (dlrm_scale.training.replicas), expected:
+    after each step every replica's distinct rows looked up in its shards, gathered, and the rows
+    two replicas looked up, all-reduced (`shared`); every N steps the rows one replica changed,
+    all-reduced (`synced`). A row all-reduced is an update as a gradient and its state's root."""
+
+    gathered: float
+    shared: float
+    synced: float
+
+    def per_step(self, sync_every_steps: int) -> float:
+        return self.gathered + self.shared + self.synced / sync_every_steps
 
 
-def sync_ms(plan: Plan, optimizer: str, replicas: int, cluster: ClusterSpec, sync_every_steps: int) -> float:
-    """One sync: an all-reduce of `synced_bytes` over the R replicas; every rank waits for it."""
-    return all_reduce_ms(synced_bytes(plan, optimizer, sync_every_steps), replicas, cluster) + collective_ms(replicas - 1, cluster)
-
-
-def shared_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
-                          sync_every_steps: int) -> list[tuple[float, float]]:
-    """What a group's ranks exchange after each step to sync the rows two replicas looked up
-    (dlrm_scale.training.replicas.share_rows), expected: (bytes gathered, bytes all-reduced) per
-    rank. Gathered: every replica's distinct rows looked up in the rank's shards. All-reduced, per
-    row synced (an update as a gradient, the root of its state's increment): the rows two replicas
-    look up in one step, and once each row two of them look up within N steps. None at N = 1,
-    where the sync runs every step. Assumes each table's Zipf law and independent draws (as the
-    cost model's distinct rows), a replica's batch of G x b samples, rows spread evenly over a
-    table's row blocks."""
-    if sync_every_steps == 1:
-        return [(0.0, 0.0)] * plan.world_size
-    out = [[0.0, 0.0] for _ in range(plan.world_size)]
+def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
+                        sync_every_steps: int) -> list[SyncBytes]:
+    """Each group rank's SyncBytes. Rows two replicas look up: those two of the R replicas' draws
+    hit in a step, and once each those two hit within N steps (beyond a step's); rows one replica
+    changed: those the draws of N steps hit, less those. Synced every step, every row looked up in
+    the step. Assumes each table's Zipf law and independent draws (as the cost model's distinct
+    rows), a replica's batch of G x b samples, a table's rows spread evenly over its row blocks."""
+    out = [[0.0, 0.0, 0.0] for _ in range(plan.world_size)]
+    n = sync_every_steps
     for name, table in plan.tables.items():
         if table.sharding_type == "data_parallel":
             continue
         spec = tables[name]
-        ids = batch_size_per_rank * plan.world_size * spec.pooling_factor
+        ids = batch_size_per_rank * plan.world_size * spec.pooling_factor  # a replica's in a step
 
         def distinct(draws: float) -> float:
             return distinct_rows_per_step(spec, draws)
 
-        def by_two_or_more(draws: float) -> float:  # distinct rows two or more of R replicas' draws hit
+        def by_two_or_more(draws: float) -> float:  # of R replicas' `draws` each
             return replicas * distinct((replicas - 1) * draws) - (replicas - 1) * distinct(replicas * draws)
 
+        shared = by_two_or_more(ids) + (by_two_or_more(n * ids) - by_two_or_more(ids)) / n
+        by_one = distinct(replicas * n * ids) - by_two_or_more(n * ids)
         looked_up = distinct(ids)
-        synced = by_two_or_more(ids) + by_two_or_more(sync_every_steps * ids) / sync_every_steps
         for shard in table.shards:
             part = shard.rows / spec.num_embeddings
-            out[shard.rank][0] += part * replicas * looked_up * ID_BYTES
-            out[shard.rank][1] += part * synced * (shard.cols * WEIGHT_BYTES + optimizer_state_bytes(1, shard.cols, optimizer))
-    return [(gathered, reduced) for gathered, reduced in out]
+            row_bytes = shard.cols * WEIGHT_BYTES + optimizer_state_bytes(1, shard.cols, optimizer)
+            for i, value in enumerate((replicas * looked_up * ID_BYTES, shared * row_bytes, by_one * row_bytes)):
+                out[shard.rank][i] += part * value
+    return [SyncBytes(*values) for values in out]
 
 
-def shared_ms(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
-              cluster: ClusterSpec, sync_every_steps: int) -> float:
-    """Syncing the rows two replicas looked up, after each step, on the rank exchanging the most:
-    counts, then rows gathered over the R replicas, then the rows synced all-reduced."""
-    if sync_every_steps == 1:
-        return 0.0
-    gathered, reduced = max(shared_bytes_per_rank(plan, tables, batch_size_per_rank, optimizer, replicas, sync_every_steps), key=sum)
-    return all_gather_ms(gathered, replicas, cluster) + all_reduce_ms(reduced, replicas, cluster) + 3 * collective_ms(replicas - 1, cluster)
+def replication_of(plan: Plan, problem: PlanningProblem, replicas: int, sync_every_steps: int) -> Replication:
+    """`plan` (a group's) run as `replicas` synced every N steps, priced on the rank exchanging the
+    most (every replica waits for it): after each step the counts and the rows looked up gathered,
+    then the rows synced all-reduced; every N steps, the rest."""
+    cluster, training = problem.cluster, problem.training
+    exchanged = sync_bytes_per_rank(plan, {t.name: t for t in problem.tables}, training.batch_size_per_rank,
+                                    training.embedding_optimizer, replicas, sync_every_steps)
+    latency_ms = collective_ms(replicas - 1, cluster)
+    sync = max(all_reduce_ms(b.synced, replicas, cluster) for b in exchanged) + latency_ms
+    shared = max(all_gather_ms(b.gathered, replicas, cluster) + all_reduce_ms(b.shared, replicas, cluster) for b in exchanged)
+    return Replication(plan.world_size, replicas, sync_every_steps, sync, shared + 3 * latency_ms)
 
 
 def predicted_step_ms(plan: Plan) -> float:
@@ -231,10 +224,8 @@ def plan_replicated(problem: PlanningProblem, sync_every_steps: int, sizes: Sequ
             continue
         if size < world:
             replicas, optimizer = world // size, problem.training.embedding_optimizer
-            shared = shared_ms(candidate, {t.name: t for t in problem.tables}, problem.training.batch_size_per_rank, optimizer, replicas,
-                               cluster, sync_every_steps)
-            candidate = replace(candidate, ranks=with_agreed_copies(candidate, optimizer, cluster.device_tier), replication=Replication(
-                size, replicas, sync_every_steps, sync_ms(candidate, optimizer, replicas, cluster, sync_every_steps), shared))
+            candidate = replace(candidate, ranks=with_agreed_copies(candidate, optimizer, cluster.device_tier),
+                                replication=replication_of(candidate, problem, replicas, sync_every_steps))
         if best is None or predicted_step_ms(candidate) < predicted_step_ms(best):
             best = candidate
     if best is None:
