@@ -20,10 +20,10 @@ the replicas exchange the rows each looked up (from the ids the kernels were giv
 once every row two of them looked up since they last agreed (`after_step`). One both looked up
 in this step and not before is synced exactly: each replica's gradient recovered from its update
 and the state after it, 1D's update and state made from their sum. One a replica changed earlier
-and another looks up now gets their updates as the gradients they amount to at the states they
-ended with, summed and applied at a state whose increments add up as the square of the sum of
-their roots (1D's where their gradients point alike). Every N steps every row one replica
-changed is synced too, and before a checkpoint or an evaluation (`sync`). Synced every step, 2D
+and others look up now gets that replica's change (1D's, for the steps only it looked the row
+up), then the others' gradients of this step applied at the state its change and their sum's
+square make: 1D's, but for the others having read the row as it was. Every N steps every row one
+replica changed is synced too, and before a checkpoint or an evaluation (`sync`). Synced every step, 2D
 trains the 1D model; every N > 1 steps, what is left of 1D's difference is that a replica that
 looks up a row another changed reads it as it was, once, before they sync it. Only rows looked
 up move: a sync passes over none of the others. Each rank keeps the copy its replicas last
@@ -32,6 +32,8 @@ prices both, and the rows each step exchanges).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -63,6 +65,7 @@ class ReplicaGroups:
         self.mesh = DeviceMesh(device_type, sharding_groups(rep), mesh_dim_names=("replicate", "shard"))
         self.sharding_pg, self.replica_pg = self.mesh.get_group("shard"), self.mesh.get_group("replicate")
         self.job_ranks = dist.get_process_group_ranks(self.sharding_pg)  # group rank k -> job rank
+        self.replica_rank = self.mesh.get_local_rank("replicate")  # this rank's replica, in its replica group's order
         # node-local sub-groups of a sharding group (table-row-wise, grid): its ranks on one node
         self.node_group_size = plan.ranks_per_node
         self.replicated_tables = {n for n, t in plan.tables.items() if t.sharding_type == "data_parallel"}
@@ -154,8 +157,9 @@ class ReplicaGroups:
         everyone, sent = self._gather(self._looked_up())
         chosen = []
         for k, changed_by in enumerate(self.changed_by):
-            rows, fresh = shared_rows(changed_by, [ids[k] for ids in everyone])
-            chosen.append(_and_changed(changed_by, rows, fresh) if due else (rows, fresh))
+            rows, owners = shared_rows(changed_by, [ids[k] for ids in everyone])
+            fresh = owners < 0
+            chosen.append(RowsToSync(rows[fresh], rows[~fresh], owners[~fresh], _changed_alone(changed_by) if due else rows[:0]))
         return sent + self._sync_rows(model, chosen, lr)
 
     @torch.no_grad()
@@ -163,35 +167,36 @@ class ReplicaGroups:
         """Every row a replica changed since they last agreed, synced: before a checkpoint or an
         evaluation, which then read one model. Returns the bytes all-reduced."""
         none = torch.empty(0, dtype=torch.int64, device=self.device)
-        return self._sync_rows(model, [_and_changed(changed_by, none, none.bool()) for changed_by in self.changed_by], lr)
+        return self._sync_rows(model, [RowsToSync(none, none, none, _changed_alone(changed_by)) for changed_by in self.changed_by], lr)
 
-    def _sync_rows(self, model: torch.nn.Module, chosen: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> int:
-        """Sync the `chosen` (rows, fresh) of each shard, in blocks of at most SYNC_BLOCK_BYTES of
-        weights (each copied out, synced and copied back: a sync never holds a third copy of the
-        shards). Returns the bytes all-reduced."""
+    def _sync_rows(self, model: torch.nn.Module, chosen: list[RowsToSync], lr: float) -> int:
+        """Sync the `chosen` rows of each shard, in blocks of at most SYNC_BLOCK_BYTES of weights
+        (each copied out, synced and copied back: a sync never holds a third copy of the shards).
+        Returns the bytes all-reduced."""
         shards = self._shards(model)
         sent, block, block_bytes = 0, [], 0
-        for k, (rows, fresh) in enumerate(chosen):
+        for k, rows in enumerate(chosen):
             w = shards[k][0]
             row_bytes = w.shape[1] * w.element_size()
             step = max(1, SYNC_BLOCK_BYTES // row_bytes)
-            for i in range(0, rows.numel(), step):
-                block.append((k, rows[i:i + step], fresh[i:i + step]))
-                block_bytes += min(step, rows.numel() - i) * row_bytes
-                if block_bytes >= SYNC_BLOCK_BYTES:
-                    sent += self._sync_block(shards, block, lr)
-                    block, block_bytes = [], 0
+            for kind, kind_rows, owners in (("fresh", rows.fresh, None), ("owned", rows.owned, rows.owners), ("alone", rows.alone, None)):
+                for i in range(0, kind_rows.numel(), step):
+                    block.append((k, kind, kind_rows[i:i + step], None if owners is None else owners[i:i + step]))
+                    block_bytes += min(step, kind_rows.numel() - i) * row_bytes
+                    if block_bytes >= SYNC_BLOCK_BYTES:
+                        sent += self._sync_block(shards, block, lr)
+                        block, block_bytes = [], 0
         return sent + (self._sync_block(shards, block, lr) if block else 0)
 
-    def _sync_block(self, shards, block: list[tuple[int, torch.Tensor, torch.Tensor]], lr: float) -> int:
+    def _sync_block(self, shards, block: list, lr: float) -> int:
         copies, parts = [], []
-        for k, rows, _ in block:
+        for k, kind, rows, owners in block:
             (w, s), (w0, s0) = shards[k], self.agreed[k]
             copies.append((w[rows], None if s is None else s[rows], w0[rows], None if s0 is None else s0[rows]))
-            parts += self._own_part(*copies[-1])
-        sent = self._sum(parts)
-        for (k, rows, fresh), copy in zip(block, copies):
-            self._agree_on(*copy, lr=lr, fresh=fresh)
+            parts.append(self._own_parts(kind, *copies[-1], owners))
+        sent = self._sum([t for p in parts for t in p])
+        for (k, kind, rows, _), copy, summed in zip(block, copies, parts):
+            self._agree_on(kind, *copy, summed, lr)
             (w, s), (w0, s0) = shards[k], self.agreed[k]
             for whole, part in zip((w, s, w0, s0), copy):
                 if whole is not None:
@@ -213,30 +218,43 @@ class ReplicaGroups:
         everyone = [list(torch.split(flat[:int(c.sum())].to(torch.int64), c.tolist())) for flat, c in zip(gathered, all_counts)]
         return everyone, self.replicas * (counts.numel() * counts.element_size() + longest * mine.element_size())
 
-    def _own_part(self, w, s, w0, s0) -> list[torch.Tensor]:
-        """What this replica brings to a sync of these rows, in place: its update since they agreed
-        as the gradient it amounts to at the state it ended with (`w`, learning rates in it), and
-        the root of its state's increment (`s`). SGD: its update."""
+    def _own_parts(self, kind: str, w, s, w0, s0, owners) -> list[torch.Tensor]:
+        """What this replica brings to a sync of these rows of a `kind` (RowsToSync), made from its
+        copies of them (`w`, `s` its rows, `w0`, `s0` as agreed) in place: its change since they
+        agreed, for a row it alone changed (and SGD's); for the others, the gradient a one-step
+        change amounts to at the state after it (learning rate in it: what `_agree_on` needs to
+        make 1D's update and state), and the owner's change and state's increment apart."""
         w.sub_(w0)
-        if s is None:
-            return [w]
-        gradient_of_update(self.optimizer, w, s, 1.0)
-        return [w, s.sub_(s0).sqrt_()]
+        if s is None or kind == "alone":
+            return [w] if s is None else [w, s.sub_(s0)]
+        if kind == "fresh":
+            return [gradient_of_update(self.optimizer, w, s, 1.0)]
+        mine = owners == self.replica_rank
+        change = w * mine.unsqueeze(1)
+        gradient_of_update(self.optimizer, w, s, 1.0).mul_(~mine.unsqueeze(1))
+        increment = s.sub_(s0).mul_(mine if s.dim() == 1 else mine.unsqueeze(1))
+        return [change, w, increment]
 
-    def _agree_on(self, w, s, w0, s0, lr: float, fresh: torch.Tensor) -> None:
-        """From the replicas' parts summed (`w`, `s`, see _own_part): 1D's update of the agreed
-        rows `w0`, `s0`, in place, and `w`, `s` made them. `fresh`: the rows whose every part is
-        one step's, whose state's increment is the summed gradient's (`lr`: that step's)."""
-        if s is None:  # SGD: the updates' sum is 1D's
-            w0.add_(w)
-        else:  # increments of a sum of squares: the square of their roots' sum, or exactly
-            s.square_()
-            exact = (w[fresh] / lr).square()
-            s[fresh] = exact.mean(dim=1) if self.optimizer == "rowwise_adagrad" else exact
-            s0.add_(s)
-            w0.sub_(w.mul_(step_size(self.optimizer, s0, 1.0)))
-            s.copy_(s0)
+    def _agree_on(self, kind: str, w, s, w0, s0, summed: list[torch.Tensor], lr: float) -> None:
+        """From the replicas' parts `summed` (see _own_parts): 1D's update of the agreed rows `w0`,
+        `s0`, in place, and this replica's `w`, `s` made them. The gradients are of the step just
+        done (`lr`: its learning rate), applied after the owner's change, at a state that grew by
+        the owner's increment and by their sum's square."""
+        if s is None or kind == "alone":  # one replica's change (1D's), and SGD's changes, add up to 1D's
+            w0.add_(summed[0])
+            if s is not None:
+                s0.add_(summed[1])
+        else:
+            change, gradient, increment = (None, summed[0], None) if kind == "fresh" else summed
+            squared = (gradient / lr).square()
+            s0.add_(squared.mean(dim=1) if self.optimizer == "rowwise_adagrad" else squared)
+            if increment is not None:
+                s0.add_(increment)
+                w0.add_(change)
+            w0.sub_(gradient.mul_(step_size(self.optimizer, s0, 1.0)))
         w.copy_(w0)
+        if s is not None:
+            s.copy_(s0)
 
     def _sum(self, tensors: list[torch.Tensor]) -> int:
         """Sum each of `tensors` over the replica group, in place: small ones several to an
@@ -269,24 +287,34 @@ class ReplicaGroups:
 def shared_rows(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of one shard to sync after a step: those two replicas looked up in it, and those one
     looked up that another had changed since they agreed; `looked_up[i]`: the distinct rows
-    replica i looked up. Also which of them no replica had changed before the step (`fresh`:
-    every replica's change is the step's). `changed_by` (which replica changed each row since
-    they agreed, -1 none) is updated in place: the rows returned are about to be agreed on, the
-    others looked up are the one replica's that looked them up."""
+    replica i looked up. Also, for each, the replica that had changed it (-1: none, every
+    replica's change is the step's). `changed_by` (which replica changed each row since they
+    agreed, -1 none) is updated in place: the rows returned are about to be agreed on, the others
+    looked up are the one replica's that looked them up."""
     before = [changed_by[ids] for ids in looked_up]
     distinct, times = torch.unique(torch.cat(looked_up), return_counts=True)
     after_another = [ids[(b >= 0) & (b != i)] for i, (ids, b) in enumerate(zip(looked_up, before))]
     rows = torch.unique(torch.cat([distinct[times > 1], *after_another]))
-    fresh = changed_by[rows] == -1
+    owners = changed_by[rows].clone()
     for i, ids in enumerate(looked_up):
         changed_by[ids] = i
     changed_by[rows] = -1
-    return rows, fresh
+    return rows, owners
 
 
-def _and_changed(changed_by: torch.Tensor, rows: torch.Tensor, fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rows` and `fresh` (shared_rows') with every row one replica changed since they agreed (its
-    change is 1D's, synced either way: not marked fresh); `changed_by` cleared."""
-    one = (changed_by >= 0).nonzero().squeeze(1)
+def _changed_alone(changed_by: torch.Tensor) -> torch.Tensor:
+    """The rows one replica changed since they agreed (its change is 1D's); `changed_by` cleared."""
+    rows = (changed_by >= 0).nonzero().squeeze(1)
     changed_by.fill_(-1)
-    return torch.cat([rows, one]), torch.cat([fresh, torch.zeros_like(one, dtype=torch.bool)])
+    return rows
+
+
+class RowsToSync(NamedTuple):
+    """A shard's rows to sync, by what the replicas' changes of them are: one step's of every
+    replica that looked each up (`fresh`), one replica's since they agreed and this step's of
+    the others (`owned`, and that replica, `owners`), or one replica's alone (`alone`)."""
+
+    fresh: torch.Tensor
+    owned: torch.Tensor
+    owners: torch.Tensor
+    alone: torch.Tensor

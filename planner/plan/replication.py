@@ -145,8 +145,9 @@ def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[Ra
 class SyncBytes:
     """What a rank of a group exchanges with its replicas (dlrm_scale.training.replicas), expected:
     after each step every replica's distinct rows looked up in its shards, gathered, and the rows
-    two replicas looked up, all-reduced (`shared`); every N steps the rows one replica changed,
-    all-reduced (`synced`). A row all-reduced is an update as a gradient and its state's root."""
+    two replicas looked up, all-reduced (`shared`: a row two looked up in the step alone, its
+    gradient; one a replica changed before, also that change and its state's increment); every N
+    steps the rows one replica changed, all-reduced (`synced`: its change and state's)."""
 
     gathered: float
     shared: float
@@ -177,13 +178,15 @@ def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_
         def by_two_or_more(draws: float) -> float:  # of R replicas' `draws` each
             return replicas * distinct((replicas - 1) * draws) - (replicas - 1) * distinct(replicas * draws)
 
-        shared = by_two_or_more(ids) + (by_two_or_more(n * ids) - by_two_or_more(ids)) / n
+        fresh = by_two_or_more(ids)
+        shared = fresh + (by_two_or_more(n * ids) - fresh) / n
         by_one = distinct(replicas * n * ids) - by_two_or_more(n * ids)
         looked_up = distinct(ids)
         for shard in table.shards:
             part = shard.rows / spec.num_embeddings
-            row_bytes = shard.cols * WEIGHT_BYTES + optimizer_state_bytes(1, shard.cols, optimizer)
-            for i, value in enumerate((replicas * looked_up * ID_BYTES, shared * row_bytes, by_one * row_bytes)):
+            update, state = shard.cols * WEIGHT_BYTES, optimizer_state_bytes(1, shard.cols, optimizer)
+            owned = (2 * update + state) if state else update  # one replica's change apart from the others' gradients
+            for i, value in enumerate((replicas * looked_up * ID_BYTES, fresh * update + (shared - fresh) * owned, by_one * (update + state))):
                 out[shard.rank][i] += part * value
     return [SyncBytes(*values) for values in out]
 
