@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dlrm_scale.tools.launch import run_on_ranks
-from dlrm_scale.training.replicas import shared_rows
+from dlrm_scale.training.replicas import changed_alone, looked_up_together, read_after_another
 from planner.plan.document import Plan
 from planner.plan.replication import held_bytes_per_rank
 from tests.test_multinode import ENV, MODEL, _restored_tables, cli, windows
@@ -84,9 +84,9 @@ def _synced(rank, world, config, plan_path):
         for changed_by in replicas.changed_by:  # as a step marks the rows one replica looked up (both changed them here)
             changed_by.fill_(1)
     replicas_module.COALESCE_BYTES = 100_000  # both ways: t_large's weights alone, in place; the rest several to a call
-    synced = replicas.sync(model, lr=0.05)
+    synced = replicas.sync(lr=0.05)
     after_one = held()
-    synced_again = replicas.sync(model, lr=0.05)  # nothing changed since they agreed: nothing moves
+    synced_again = replicas.sync(lr=0.05)  # nothing changed since they agreed: nothing moves
     gathered = [None] * world
     dist.all_gather_object(gathered, (replicas.job_ranks, synced, after_one, held(), synced_again))
     return gathered
@@ -114,31 +114,36 @@ def test_a_sync_adds_up_every_sharded_tables_updates_over_its_replica_group_alon
         assert again == held and synced_again == 0  # the rows were agreed: none changed since
 
 
-def test_the_rows_synced_after_a_step_are_those_two_replicas_looked_up_since_they_agreed():
+def test_a_row_is_synced_before_a_replica_reads_another_ones_change_and_after_two_changed_it():
     changed_by = torch.full((8,), -1, dtype=torch.int16)
-    # replica 0 looks up rows 1 and 2, replica 1 rows 2 and 3: row 2 synced, from one step's changes
-    rows, owners = shared_rows(changed_by, [torch.tensor([1, 2]), torch.tensor([2, 3])])
-    assert rows.tolist() == [2] and owners.tolist() == [-1]
+    # a step: replica 0 looks up rows 1 and 2, replica 1 rows 2 and 3; none changed before: nothing to sync
+    # first; after it, row 2 (both changed it) is synced, rows 1 and 3 are each one replica's change
+    looked_up = [torch.tensor([1, 2]), torch.tensor([2, 3])]
+    assert read_after_another(changed_by, looked_up).tolist() == []
+    assert looked_up_together(changed_by, looked_up).tolist() == [2]
     assert changed_by.tolist() == [-1, 0, -1, 1, -1, -1, -1, -1]
-    # next step replica 1 looks up row 1, which replica 0 changed: synced, replica 0's change apart;
-    # its own row 3 again and replica 0's new row 4 stay theirs
-    rows, owners = shared_rows(changed_by, [torch.tensor([4]), torch.tensor([1, 3])])
-    assert rows.tolist() == [1] and owners.tolist() == [0]
-    assert changed_by.tolist() == [-1, -1, -1, 1, 0, -1, -1, -1]
-    # three replicas: rows 5 (replicas 0 and 2 at once) and 4 (replica 0's, now replica 2's); none looked up
-    rows, owners = shared_rows(changed_by, [torch.tensor([5]), torch.tensor([], dtype=torch.int64), torch.tensor([4, 5, 6])])
-    assert rows.tolist() == [4, 5] and owners.tolist() == [0, -1]
-    assert changed_by.tolist() == [-1, -1, -1, 1, -1, -1, 2, -1]
+    # next step replica 1 is about to read row 1, which replica 0 changed: synced first (then replica 1's
+    # change alone); its own row 3 again and replica 0's new row 4 stay theirs
+    looked_up = [torch.tensor([4]), torch.tensor([1, 3])]
+    assert read_after_another(changed_by, looked_up).tolist() == [1]
+    assert looked_up_together(changed_by, looked_up).tolist() == []
+    assert changed_by.tolist() == [-1, 1, -1, 1, 0, -1, -1, -1]
+    # three replicas: row 4 (replica 0's) is read by replica 2, row 5 by replicas 0 and 2 together
+    looked_up = [torch.tensor([5]), torch.tensor([], dtype=torch.int64), torch.tensor([4, 5, 6])]
+    assert read_after_another(changed_by, looked_up).tolist() == [4]
+    assert looked_up_together(changed_by, looked_up).tolist() == [5]
+    assert changed_by.tolist() == [-1, 1, -1, 1, 2, -1, 2, -1]
+    assert changed_alone(changed_by).tolist() == [1, 3, 4, 6] and changed_by.eq(-1).all()
 
 
-@pytest.mark.parametrize("sync_every, steps", [(1, 3), (10, 1)])
-def test_2d_trains_the_1d_model_while_no_replica_reads_a_row_another_changed(tmp_path, sync_every, steps):
-    """Synced every step: each replica's gradient recovered from its update, summed, and 1D's
-    row-wise Adagrad update made from it at each step's learning rate (warming up); after 3
-    steps every table and dense layer is 1D's (to rounding). Synced every 10 steps, after one:
-    the rows both replicas looked up were synced after the step from their gradients (the sum of
-    their updates would move them further), the others hold one replica's update until the sync
-    (here the checkpoint's)."""
+@pytest.mark.parametrize("sync_every", [1, 10])
+def test_2d_trains_the_1d_model(tmp_path, sync_every):
+    """The rows both replicas looked up in a step synced after it from their gradients (1D's
+    row-wise Adagrad update made from their sum at each step's learning rate, warming up; the
+    sum of their updates would move them further), a row one replica changed synced before the
+    other reads it (else it reads it as it was), the rest every N steps (here at the checkpoint):
+    after 3 steps every table and dense layer is 1D's (to rounding), synced every step or every 10."""
+    steps = 3
     config = tmp_path / "two_d.yaml"
     config.write_text(TWO_D.replace("train: {", "train: {warmup_steps: 4, "))
     make_plan(config, tmp_path / "p1d.json")

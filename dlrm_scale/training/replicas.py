@@ -1,5 +1,5 @@
 """2D sparse parallelism on TorchRec (the plan: planner/plan/replication.py): R replicas of one
-sharding group's plan, each sharded over G ranks, their tables brought together every N steps.
+sharding group's plan, each sharded over G ranks, their tables kept 1D's by syncing rows.
 
 Built from TorchRec's own 2D parts, as `DMPCollection` builds them: its device mesh of
 ("replicate", "shard") ranks, its `ShardingEnv2D` (which TorchRec's sharding code switches on)
@@ -14,21 +14,18 @@ The sync is not `DMPCollection`'s average. Averaging replicas that each stepped 
 half of the batch moves a row only one replica's samples touched half as far as 1D does, and
 doubles its Adagrad state's growth. Here each replica's gradient of a sharded table is 1/R of
 its own (`share_gradients`: the replicas' gradients add up to 1D's), so a row that one replica
-alone looked up since they last agreed has that replica's update and state, 1D's. A row two
-replicas look up is where they would part from 1D, so it is not left for later: after each step
-the replicas exchange the rows each looked up (from the ids the kernels were given) and sync at
-once every row two of them looked up since they last agreed (`after_step`). One both looked up
-in this step and not before is synced exactly: each replica's gradient recovered from its update
-and the state after it, 1D's update and state made from their sum. One a replica changed earlier
-and others look up now gets that replica's change (1D's, for the steps only it looked the row
-up), then the others' gradients of this step applied at the state its change and their sum's
-square make: 1D's, but for the others having read the row as it was. Every N steps every row one
-replica changed is synced too, and before a checkpoint or an evaluation (`sync`). Synced every step, 2D
-trains the 1D model; every N > 1 steps, what is left of 1D's difference is that a replica that
-looks up a row another changed reads it as it was, once, before they sync it. Only rows looked
-up move: a sync passes over none of the others. Each rank keeps the copy its replicas last
-agreed on, as large as its shards, and which replica changed each row since (the planner
-prices both, and the rows each step exchanges).
+alone looked up since they last agreed has that replica's update and state: 1D's. The replicas
+part from 1D only where one reads a row another changed, or two change one row, so neither is
+left for later. Before each lookup the replicas exchange the rows each is about to read (the ids
+the kernel is given) and sync first every row one of them changed that another is about to read
+(`_before_lookup`): every replica reads 1D's rows. After the step, the rows two of them looked up
+in it are synced from their gradients, each recovered from its one update and the state after
+it, 1D's update and state made from their sum (`after_step`). Every N steps, and before a
+checkpoint or an evaluation, the rows one replica changed are synced too (`sync`). So 2D trains
+the 1D model whatever N (to rounding); N only sets how long a row one replica changed waits
+while no other reads it. Only rows looked up move: a sync passes over none of the others. Each
+rank keeps the copy its replicas last agreed on, as large as its shards, and which replica
+changed each row since (the planner prices both, and the rows each step exchanges).
 """
 
 from __future__ import annotations
@@ -65,7 +62,6 @@ class ReplicaGroups:
         self.mesh = DeviceMesh(device_type, sharding_groups(rep), mesh_dim_names=("replicate", "shard"))
         self.sharding_pg, self.replica_pg = self.mesh.get_group("shard"), self.mesh.get_group("replicate")
         self.job_ranks = dist.get_process_group_ranks(self.sharding_pg)  # group rank k -> job rank
-        self.replica_rank = self.mesh.get_local_rank("replicate")  # this rank's replica, in its replica group's order
         # node-local sub-groups of a sharding group (table-row-wise, grid): its ranks on one node
         self.node_group_size = plan.ranks_per_node
         self.replicated_tables = {n for n, t in plan.tables.items() if t.sharding_type == "data_parallel"}
@@ -109,79 +105,81 @@ class ReplicaGroups:
         return shards
 
     def watch_lookups(self, model: torch.nn.Module) -> None:
-        """Keep the ids each training forward gives this rank's kernels (rows of their shards), for
-        `after_step`. Evaluation (no gradient) looks rows up without changing them: not kept."""
-        self._lookups: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        self._feature_tables: list[list[int]] = []  # per kernel: each feature's table (a shard of it)
-
+        """Before each training lookup of this rank's kernels, the replicas exchange the rows each
+        is about to read and sync those another changed (`_before_lookup`). Evaluation (no
+        gradient) reads rows after a sync and changes none: not watched."""
+        self._sent = 0  # bytes exchanged since the last after_step
+        first = 0
         for kernel in self._sharded_kernels(model):
-            kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+            feature_tables = list(kernel.emb_module.feature_table_map)  # each feature's table (a shard of it here)
 
-            def hook(_module, args, kwargs, kept=kept):
+            def hook(_module, args, kwargs, first=first, feature_tables=feature_tables):
                 if torch.is_grad_enabled():
-                    kept.append((kwargs["indices"] if "indices" in kwargs else args[0], kwargs["offsets"] if "offsets" in kwargs else args[1]))
+                    self._before_lookup(first, feature_tables, kwargs["indices"] if "indices" in kwargs else args[0],
+                                        kwargs["offsets"] if "offsets" in kwargs else args[1])
 
             kernel.emb_module.register_forward_pre_hook(hook, with_kwargs=True)
-            self._lookups.append(kept)
-            self._feature_tables.append(list(kernel.emb_module.feature_table_map))
+            first += max(feature_tables) + 1
 
-    def _looked_up(self) -> list[torch.Tensor]:
-        """The distinct rows of each shard the kept forwards looked up (forgotten once read)."""
-        rows: list[list[torch.Tensor]] = []
-        for kept, feature_tables in zip(self._lookups, self._feature_tables, strict=True):
-            per_table: list[list[torch.Tensor]] = [[] for _ in range(max(feature_tables) + 1)]
-            for indices, offsets in kept:
-                per_feature = (offsets.numel() - 1) // len(feature_tables)  # the batch: one bag per sample and feature
-                starts = offsets[::per_feature].tolist()
-                for f, table in enumerate(feature_tables):
-                    per_table[table].append(indices[starts[f]:starts[f + 1]])
-            kept.clear()
-            rows += [torch.unique(torch.cat(ids)) if ids else torch.empty(0, dtype=torch.int64, device=self.device) for ids in per_table]
-        return rows
+    @torch.no_grad()
+    def _before_lookup(self, first: int, feature_tables: list[int], indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """A kernel (its shards `first`, `first + 1`, ...) is about to read `indices`: every replica's
+        distinct rows of each shard gathered, and the rows one replica changed that another is about
+        to read synced first, so that every replica reads 1D's rows."""
+        per_feature = (offsets.numel() - 1) // len(feature_tables)  # the batch: one bag per sample and feature
+        starts = offsets[::per_feature].tolist()
+        per_table: list[list[torch.Tensor]] = [[] for _ in range(max(feature_tables) + 1)]
+        for f, table in enumerate(feature_tables):
+            per_table[table].append(indices[starts[f]:starts[f + 1]])
+        everyone, sent = self._gather([torch.unique(torch.cat(ids)) for ids in per_table])
+        chosen = {}
+        for t in range(len(per_table)):
+            looked_up = [ids[t] for ids in everyone]
+            self._step_rows[first + t] = looked_up
+            chosen[first + t] = RowsToSync(self._none, read_after_another(self.changed_by[first + t], looked_up))
+        self._sent += sent + self._sync_rows(chosen, lr=1.0)  # one replica's changes: no learning rate in them
 
     @torch.no_grad()
     def agree(self, model: torch.nn.Module) -> None:
         """The replicas hold the same tables (the start, a resume): their updates count from here."""
         self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self._shards(model)]
-        # which replica changed each row since they agreed: -1 none (or several: synced after the step)
+        # which replica changed each row since they agreed: -1 none (a row two look up is synced at once)
         self.changed_by = [torch.full((w.shape[0],), -1, dtype=torch.int16, device=w.device) for w, _ in self.agreed]
-        if hasattr(self, "_lookups"):
-            self._looked_up()
+        self._model, self._none = model, torch.empty(0, dtype=torch.int64, device=self.device)
+        self._step_rows: dict[int, list[torch.Tensor]] = {}  # shard -> each replica's rows looked up this step
 
     @torch.no_grad()
-    def after_step(self, model: torch.nn.Module, lr: float, due: bool) -> int:
-        """After each step: the rows two replicas looked up since they last agreed, synced now, and
-        on a `due` step (every N) every row one of them changed (see the module's docstring);
-        `lr`: the step's embedding learning rate. Returns the bytes this rank gathered and
-        all-reduced."""
-        everyone, sent = self._gather(self._looked_up())
-        chosen = []
+    def after_step(self, lr: float, due: bool) -> int:
+        """After each step: the rows two replicas looked up in it, synced from their gradients, and
+        on a `due` step (every N) every row one of them changed (see the module's docstring); `lr`:
+        the step's embedding learning rate. Returns the bytes this rank gathered and all-reduced in
+        the step."""
+        chosen = {}
         for k, changed_by in enumerate(self.changed_by):
-            rows, owners = shared_rows(changed_by, [ids[k] for ids in everyone])
-            fresh = owners < 0
-            chosen.append(RowsToSync(rows[fresh], rows[~fresh], owners[~fresh], _changed_alone(changed_by) if due else rows[:0]))
-        return sent + self._sync_rows(model, chosen, lr)
+            fresh = looked_up_together(changed_by, self._step_rows.pop(k, []))
+            chosen[k] = RowsToSync(fresh, changed_alone(changed_by) if due else self._none)
+        sent, self._sent = self._sent + self._sync_rows(chosen, lr), 0
+        return sent
 
     @torch.no_grad()
-    def sync(self, model: torch.nn.Module, lr: float) -> int:
+    def sync(self, lr: float) -> int:
         """Every row a replica changed since they last agreed, synced: before a checkpoint or an
         evaluation, which then read one model. Returns the bytes all-reduced."""
-        none = torch.empty(0, dtype=torch.int64, device=self.device)
-        return self._sync_rows(model, [RowsToSync(none, none, none, _changed_alone(changed_by)) for changed_by in self.changed_by], lr)
+        return self._sync_rows({k: RowsToSync(self._none, changed_alone(c)) for k, c in enumerate(self.changed_by)}, lr)
 
-    def _sync_rows(self, model: torch.nn.Module, chosen: list[RowsToSync], lr: float) -> int:
-        """Sync the `chosen` rows of each shard, in blocks of at most SYNC_BLOCK_BYTES of weights
-        (each copied out, synced and copied back: a sync never holds a third copy of the shards).
+    def _sync_rows(self, chosen: dict[int, RowsToSync], lr: float) -> int:
+        """Sync the `chosen` rows of shards, in blocks of at most SYNC_BLOCK_BYTES of weights (each
+        copied out, synced and copied back: a sync never holds a third copy of the shards).
         Returns the bytes all-reduced."""
-        shards = self._shards(model)
+        shards = self._shards(self._model)
         sent, block, block_bytes = 0, [], 0
-        for k, rows in enumerate(chosen):
+        for k, rows in chosen.items():
             w = shards[k][0]
             row_bytes = w.shape[1] * w.element_size()
             step = max(1, SYNC_BLOCK_BYTES // row_bytes)
-            for kind, kind_rows, owners in (("fresh", rows.fresh, None), ("owned", rows.owned, rows.owners), ("alone", rows.alone, None)):
+            for kind, kind_rows in zip(rows._fields, rows):
                 for i in range(0, kind_rows.numel(), step):
-                    block.append((k, kind, kind_rows[i:i + step], None if owners is None else owners[i:i + step]))
+                    block.append((k, kind, kind_rows[i:i + step]))
                     block_bytes += min(step, kind_rows.numel() - i) * row_bytes
                     if block_bytes >= SYNC_BLOCK_BYTES:
                         sent += self._sync_block(shards, block, lr)
@@ -190,12 +188,12 @@ class ReplicaGroups:
 
     def _sync_block(self, shards, block: list, lr: float) -> int:
         copies, parts = [], []
-        for k, kind, rows, owners in block:
+        for k, kind, rows in block:
             (w, s), (w0, s0) = shards[k], self.agreed[k]
             copies.append((w[rows], None if s is None else s[rows], w0[rows], None if s0 is None else s0[rows]))
-            parts.append(self._own_parts(kind, *copies[-1], owners))
+            parts.append(self._own_parts(kind, *copies[-1]))
         sent = self._sum([t for p in parts for t in p])
-        for (k, kind, rows, _), copy, summed in zip(block, copies, parts):
+        for (k, kind, rows), copy, summed in zip(block, copies, parts):
             self._agree_on(kind, *copy, summed, lr)
             (w, s), (w0, s0) = shards[k], self.agreed[k]
             for whole, part in zip((w, s, w0, s0), copy):
@@ -218,39 +216,31 @@ class ReplicaGroups:
         everyone = [list(torch.split(flat[:int(c.sum())].to(torch.int64), c.tolist())) for flat, c in zip(gathered, all_counts)]
         return everyone, self.replicas * (counts.numel() * counts.element_size() + longest * mine.element_size())
 
-    def _own_parts(self, kind: str, w, s, w0, s0, owners) -> list[torch.Tensor]:
+    def _own_parts(self, kind: str, w, s, w0, s0) -> list[torch.Tensor]:
         """What this replica brings to a sync of these rows of a `kind` (RowsToSync), made from its
         copies of them (`w`, `s` its rows, `w0`, `s0` as agreed) in place: its change since they
-        agreed, for a row it alone changed (and SGD's); for the others, the gradient a one-step
-        change amounts to at the state after it (learning rate in it: what `_agree_on` needs to
-        make 1D's update and state), and the owner's change and state's increment apart."""
+        agreed and its state's (`alone`, and SGD's), or the gradient its one step's change amounts
+        to at the state after it, learning rate in it (`fresh`)."""
         w.sub_(w0)
-        if s is None or kind == "alone":
-            return [w] if s is None else [w, s.sub_(s0)]
-        if kind == "fresh":
-            return [gradient_of_update(self.optimizer, w, s, 1.0)]
-        mine = owners == self.replica_rank
-        change = w * mine.unsqueeze(1)
-        gradient_of_update(self.optimizer, w, s, 1.0).mul_(~mine.unsqueeze(1))
-        increment = s.sub_(s0).mul_(mine if s.dim() == 1 else mine.unsqueeze(1))
-        return [change, w, increment]
+        if s is None:
+            return [w]
+        if kind == "alone":
+            return [w, s.sub_(s0)]
+        return [gradient_of_update(self.optimizer, w, s, 1.0)]
 
     def _agree_on(self, kind: str, w, s, w0, s0, summed: list[torch.Tensor], lr: float) -> None:
         """From the replicas' parts `summed` (see _own_parts): 1D's update of the agreed rows `w0`,
-        `s0`, in place, and this replica's `w`, `s` made them. The gradients are of the step just
-        done (`lr`: its learning rate), applied after the owner's change, at a state that grew by
-        the owner's increment and by their sum's square."""
-        if s is None or kind == "alone":  # one replica's change (1D's), and SGD's changes, add up to 1D's
+        `s0`, in place, and this replica's `w`, `s` made them: changes added up (one replica's
+        change is 1D's, SGD's changes add up to 1D's), or the summed gradient of the step just done
+        (`lr`: its learning rate) applied at the state its square makes."""
+        if s is None or kind == "alone":
             w0.add_(summed[0])
             if s is not None:
                 s0.add_(summed[1])
         else:
-            change, gradient, increment = (None, summed[0], None) if kind == "fresh" else summed
+            gradient = summed[0]
             squared = (gradient / lr).square()
             s0.add_(squared.mean(dim=1) if self.optimizer == "rowwise_adagrad" else squared)
-            if increment is not None:
-                s0.add_(increment)
-                w0.add_(change)
             w0.sub_(gradient.mul_(step_size(self.optimizer, s0, 1.0)))
         w.copy_(w0)
         if s is not None:
@@ -284,25 +274,30 @@ class ReplicaGroups:
             offset += t.numel()
 
 
-def shared_rows(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of one shard to sync after a step: those two replicas looked up in it, and those one
-    looked up that another had changed since they agreed; `looked_up[i]`: the distinct rows
-    replica i looked up. Also, for each, the replica that had changed it (-1: none, every
-    replica's change is the step's). `changed_by` (which replica changed each row since they
-    agreed, -1 none) is updated in place: the rows returned are about to be agreed on, the others
-    looked up are the one replica's that looked them up."""
-    before = [changed_by[ids] for ids in looked_up]
+def read_after_another(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of one shard that a replica is about to read and another changed since they agreed
+    (`looked_up[i]`: the distinct rows replica i is about to read; `changed_by`: which replica
+    changed each row, -1 none), marked as agreed in `changed_by`: the caller syncs them."""
+    rows = torch.unique(torch.cat([ids[(changed_by[ids] >= 0) & (changed_by[ids] != i)] for i, ids in enumerate(looked_up)]))
+    changed_by[rows] = -1
+    return rows
+
+
+def looked_up_together(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) -> torch.Tensor:
+    """After a step: the rows of one shard two replicas looked up in it (read as agreed, each
+    changed by the step alone: the caller syncs them); the rows one looked up marked as its
+    change in `changed_by`."""
+    if not looked_up:
+        return changed_by.new_empty(0, dtype=torch.int64)
     distinct, times = torch.unique(torch.cat(looked_up), return_counts=True)
-    after_another = [ids[(b >= 0) & (b != i)] for i, (ids, b) in enumerate(zip(looked_up, before))]
-    rows = torch.unique(torch.cat([distinct[times > 1], *after_another]))
-    owners = changed_by[rows].clone()
     for i, ids in enumerate(looked_up):
         changed_by[ids] = i
-    changed_by[rows] = -1
-    return rows, owners
+    together = distinct[times > 1]
+    changed_by[together] = -1
+    return together
 
 
-def _changed_alone(changed_by: torch.Tensor) -> torch.Tensor:
+def changed_alone(changed_by: torch.Tensor) -> torch.Tensor:
     """The rows one replica changed since they agreed (its change is 1D's); `changed_by` cleared."""
     rows = (changed_by >= 0).nonzero().squeeze(1)
     changed_by.fill_(-1)
@@ -310,11 +305,8 @@ def _changed_alone(changed_by: torch.Tensor) -> torch.Tensor:
 
 
 class RowsToSync(NamedTuple):
-    """A shard's rows to sync, by what the replicas' changes of them are: one step's of every
-    replica that looked each up (`fresh`), one replica's since they agreed and this step's of
-    the others (`owned`, and that replica, `owners`), or one replica's alone (`alone`)."""
+    """A shard's rows to sync: those the replicas that looked them up each changed in one step
+    (`fresh`), and those one replica changed alone (`alone`)."""
 
     fresh: torch.Tensor
-    owned: torch.Tensor
-    owners: torch.Tensor
     alone: torch.Tensor

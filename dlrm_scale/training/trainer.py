@@ -160,11 +160,11 @@ class Trainer:
         lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
         if scheduled:
             due = self.replicas.due(step)
-            self.synced_bytes += self.replicas.after_step(self.model, lr, due)
+            self.synced_bytes += self.replicas.after_step(lr, due)
             self.synced_at = step if due else self.synced_at
             self.timer.lap("rest")
         elif self.synced_at != step:
-            self.replicas.sync(self.model, lr)
+            self.replicas.sync(lr)
             self.synced_at = step
 
     def _save(self, step: int) -> Path:

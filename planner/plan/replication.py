@@ -144,10 +144,10 @@ def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[Ra
 @dataclass(frozen=True)
 class SyncBytes:
     """What a rank of a group exchanges with its replicas (dlrm_scale.training.replicas), expected:
-    after each step every replica's distinct rows looked up in its shards, gathered, and the rows
-    two replicas looked up, all-reduced (`shared`: a row two looked up in the step alone, its
-    gradient; one a replica changed before, also that change and its state's increment); every N
-    steps the rows one replica changed, all-reduced (`synced`: its change and state's)."""
+    each step, every replica's distinct rows about to be looked up in its shards, gathered; the
+    rows one replica changed that another is about to read (its change and its state's), and
+    after the step those two looked up in it (their summed gradient), all-reduced (`shared`);
+    every N steps the rows one replica changed, all-reduced (`synced`: change and state's)."""
 
     gathered: float
     shared: float
@@ -159,10 +159,10 @@ class SyncBytes:
 
 def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
                         sync_every_steps: int) -> list[SyncBytes]:
-    """Each group rank's SyncBytes. Rows two replicas look up: those two of the R replicas' draws
-    hit in a step, and once each those two hit within N steps (beyond a step's); rows one replica
-    changed: those the draws of N steps hit, less those. Synced every step, every row looked up in
-    the step. Assumes each table's Zipf law and independent draws (as the cost model's distinct
+    """Each group rank's SyncBytes. Rows two replicas look up in a step: those two of the R
+    replicas' draws hit in it; rows read after another's change: once each of those two hit within
+    N steps, beyond a step's; rows one replica changed: those the draws of N steps hit, less those
+    two hit. Synced every step, every row looked up in the step. Assumes each table's Zipf law and independent draws (as the cost model's distinct
     rows), a replica's batch of G x b samples, a table's rows spread evenly over its row blocks."""
     out = [[0.0, 0.0, 0.0] for _ in range(plan.world_size)]
     n = sync_every_steps
@@ -185,23 +185,24 @@ def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_
         for shard in table.shards:
             part = shard.rows / spec.num_embeddings
             update, state = shard.cols * WEIGHT_BYTES, optimizer_state_bytes(1, shard.cols, optimizer)
-            owned = (2 * update + state) if state else update  # one replica's change apart from the others' gradients
-            for i, value in enumerate((replicas * looked_up * ID_BYTES, fresh * update + (shared - fresh) * owned, by_one * (update + state))):
+            for i, value in enumerate((replicas * looked_up * ID_BYTES, fresh * update + (shared - fresh) * (update + state),
+                                       by_one * (update + state))):
                 out[shard.rank][i] += part * value
     return [SyncBytes(*values) for values in out]
 
 
 def replication_of(plan: Plan, problem: PlanningProblem, replicas: int, sync_every_steps: int) -> Replication:
     """`plan` (a group's) run as `replicas` synced every N steps, priced on the rank exchanging the
-    most (every replica waits for it): after each step the counts and the rows looked up gathered,
-    then the rows synced all-reduced; every N steps, the rest."""
+    most (every replica waits for it): each step, the counts and the rows looked up gathered, the
+    rows read after another's change all-reduced, and after the step those two looked up; every
+    N steps, the rest."""
     cluster, training = problem.cluster, problem.training
     exchanged = sync_bytes_per_rank(plan, {t.name: t for t in problem.tables}, training.batch_size_per_rank,
                                     training.embedding_optimizer, replicas, sync_every_steps)
     latency_ms = collective_ms(replicas - 1, cluster)
     sync = max(all_reduce_ms(b.synced, replicas, cluster) for b in exchanged) + latency_ms
     shared = max(all_gather_ms(b.gathered, replicas, cluster) + all_reduce_ms(b.shared, replicas, cluster) for b in exchanged)
-    return Replication(plan.world_size, replicas, sync_every_steps, sync, shared + 3 * latency_ms)
+    return Replication(plan.world_size, replicas, sync_every_steps, sync, shared + 4 * latency_ms)
 
 
 def predicted_step_ms(plan: Plan) -> float:
