@@ -1,15 +1,14 @@
-"""2D sparse parallelism against 1D, trained: what syncing replicas every N steps does to the model.
+"""2D sparse parallelism against 1D, trained: the model a 2D plan trains, synced every N steps.
 
     python -m benchmarks.two_d_bench [--models tiny,embedding_bound] [--steps 300] [--seeds 1,2,3] [--sync-every 1,10]
 
-On 2 cores the embedding-bound model's sync every step (1.6 GB a rank, passed over several times
-and all-reduced over gloo) takes ~6.5 s, so its N = 1 run takes ~35 minutes:
-`--models embedding_bound --seeds 2,3 --sync-every 10` measures the others, beside the runs
-already in the file.
+A model's runs of other seeds or N stay in the file (e.g. `--models tiny --sync-every 10`), each
+naming the invocation that made it. On 2 cores the whole benchmark takes about 30 minutes.
 
 Each model on 4 CPU ranks (one node), the same global batch of every step whatever the plan:
 the 1D plan over all 4 ranks, and 2D plans of 2 replicas of a 2-rank sharding group synced
-every N = 1 and N = 10 steps (dlrm_scale.training.replicas), each a real `torchrun ... dlrm_scale.train --deterministic` job
+every N = 1 and N = 10 steps (dlrm_scale.training.replicas), each a real
+`torchrun ... dlrm_scale.train --deterministic` job
 evaluated on the held-out batches at the last step. Runs alternate per seed (the order rotates),
 so a slow moment of the machine falls on every plan alike.
 

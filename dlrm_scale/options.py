@@ -38,9 +38,8 @@ FLAGS: dict[str, dict[str, Any]] = {
                   help=f"stop once the plan is proven within this fraction of its lower bound (default {SolverConfig.target_gap:g}, "
                        "1%%; 0.001 for 0.1%%); --time-limit stays the ceiling"),
     "--sync-every": dict(type=int, help="2D sparse parallelism: also consider sharding the tables over groups of fewer ranks, "
-                                        "the groups replicated (DMPCollection) and synced every N steps, the rows two replicas look up "
-                                        "after each step; the fastest predicted step wins. N = 1 trains the 1D model; with N > 1 a "
-                                        "replica may read a row another changed before they sync it: the model differs from 1D"),
+                                        "the groups replicated (DMPCollection); the rows the replicas share are synced as they are read, "
+                                        "the rest every N steps; the fastest predicted step wins. The model is 1D's whatever N"),
     "--group-size": dict(type=int, help="with --sync-every: shard over groups of exactly G ranks (G divides the world size)"),
     "--seed": dict(type=int, help="seed of the tables' initial weights and of the synthetic data"),
     # data

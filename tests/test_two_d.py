@@ -1,10 +1,9 @@
 """2D sparse parallelism trained (dlrm_scale.training.replicas): 4 ranks as 2 replicas of a
-2-rank sharding group. A sync adds up each sharded table's updates and optimizer state over
-exactly its replica group and leaves data-parallel tables alone; the rows two replicas look up
-are synced after each step; synced every step 2D trains the 1D model, and so does it every 10
-until a replica reads a row another changed; a job sends and syncs the bytes its plan counts,
-resumes bitwise from its own checkpoint, and its checkpoint loads under a 1D plan with the
-tables as saved."""
+2-rank sharding group. A sync adds up each sharded table's changes and optimizer state over
+exactly its replica group and leaves data-parallel tables alone; a row is synced before a
+replica reads another one's change and after two changed it; synced every step or every 10, 2D
+trains the 1D model; a job exchanges about the bytes its plan counts, resumes bitwise from its
+own checkpoint, and its checkpoint loads under a 1D plan with the tables as saved."""
 
 from __future__ import annotations
 

