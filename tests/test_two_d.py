@@ -83,9 +83,9 @@ def _synced(rank, world, config, plan_path):
         for changed_by in replicas.changed_by:  # as a step marks the rows one replica looked up (both changed them here)
             changed_by.fill_(1)
     replicas_module.COALESCE_BYTES = 100_000  # both ways: t_large's weights alone, in place; the rest several to a call
-    synced = replicas.sync(lr=0.05)
+    synced = replicas.sync()
     after_one = held()
-    synced_again = replicas.sync(lr=0.05)  # nothing changed since they agreed: nothing moves
+    synced_again = replicas.sync()  # nothing changed since they agreed: nothing moves
     gathered = [None] * world
     dist.all_gather_object(gathered, (replicas.job_ranks, synced, after_one, held(), synced_again))
     return gathered

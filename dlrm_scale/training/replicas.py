@@ -137,7 +137,7 @@ class ReplicaGroups:
             looked_up = [ids[t] for ids in everyone]
             self._step_rows[first + t] = looked_up
             chosen[first + t] = RowsToSync(self._none, read_after_another(self.changed_by[first + t], looked_up))
-        self._sent += sent + self._sync_rows(chosen, lr=1.0)  # one replica's changes: no learning rate in them
+        self._sent += sent + self._sync_rows(chosen, lr=1.0)  # changes of one replica alone: no learning rate in them
 
     @torch.no_grad()
     def agree(self, model: torch.nn.Module) -> None:
@@ -162,10 +162,10 @@ class ReplicaGroups:
         return sent
 
     @torch.no_grad()
-    def sync(self, lr: float) -> int:
+    def sync(self) -> int:
         """Every row a replica changed since they last agreed, synced: before a checkpoint or an
         evaluation, which then read one model. Returns the bytes all-reduced."""
-        return self._sync_rows({k: RowsToSync(self._none, changed_alone(c)) for k, c in enumerate(self.changed_by)}, lr)
+        return self._sync_rows({k: RowsToSync(self._none, changed_alone(c)) for k, c in enumerate(self.changed_by)}, lr=1.0)
 
     def _sync_rows(self, chosen: dict[int, RowsToSync], lr: float) -> int:
         """Sync the `chosen` rows of shards, in blocks of at most SYNC_BLOCK_BYTES of weights (each
@@ -306,7 +306,8 @@ def changed_alone(changed_by: torch.Tensor) -> torch.Tensor:
 
 class RowsToSync(NamedTuple):
     """A shard's rows to sync: those the replicas that looked them up each changed in one step
-    (`fresh`), and those one replica changed alone (`alone`)."""
+    (`fresh`), and those one replica changed alone (`alone`). The fields' names are the kinds of
+    rows ReplicaGroups._own_parts and _agree_on sync."""
 
     fresh: torch.Tensor
     alone: torch.Tensor

@@ -157,14 +157,15 @@ class Trainer:
         row one changed: the step's work, whose time counts as its `rest` and whose bytes count in
         the window. Before a checkpoint or an evaluation (which then read one model), every row one
         changed since the last sync: left out with what it precedes."""
-        lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
         if scheduled:
             due = self.replicas.due(step)
+            lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
             self.synced_bytes += self.replicas.after_step(lr, due)
-            self.synced_at = step if due else self.synced_at
+            if due:
+                self.synced_at = step
             self.timer.lap("rest")
         elif self.synced_at != step:
-            self.replicas.sync(lr)
+            self.replicas.sync()
             self.synced_at = step
 
     def _save(self, step: int) -> Path:

@@ -137,8 +137,9 @@ def held_bytes_per_rank(plan: Plan, optimizer: str) -> list[int]:
 def with_agreed_copies(plan: Plan, optimizer: str, device_tier: str) -> tuple[RankPlan, ...]:
     """A group plan's ranks, each holding beside its shards the copy its replicas agreed on, and
     which replica changed each row since."""
-    kept = _sharded_bytes_per_rank(plan, lambda rows, cols: rows_bytes(rows, cols, optimizer) + rows * CHANGED_BY_BYTES)
-    return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy})) for r, copy in zip(plan.ranks, kept))
+    changed_by = _sharded_bytes_per_rank(plan, lambda rows, _: rows * CHANGED_BY_BYTES)
+    return tuple(replace(r, memory=r.memory + Storage(**{f"{device_tier}_bytes": copy + record}))
+                 for r, copy, record in zip(plan.ranks, held_bytes_per_rank(plan, optimizer), changed_by))
 
 
 @dataclass(frozen=True)
