@@ -135,6 +135,8 @@ class ReplicaGroups:
         chosen = {}
         for t in range(len(per_table)):
             looked_up = [ids[t] for ids in everyone]
+            if first + t in self._step_rows:  # its rows' changes would span two lookups: neither synced as one step's
+                raise RuntimeError("2D: a kernel looked up twice in one training step; the replicas' sync needs one lookup a step")
             self._step_rows[first + t] = looked_up
             chosen[first + t] = RowsToSync(self._none, read_after_another(self.changed_by[first + t], looked_up))
         self._sent += sent + self._sync_rows(chosen, lr=1.0)  # changes of one replica alone: no learning rate in them
