@@ -38,7 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torchrec.distributed.types import ShardingEnv2D
 
 from dlrm_scale.bridge.resident import embedding_kernels
-from dlrm_scale.training.table_optimizer import gradient_of_update, step_size
+from dlrm_scale.training.table_optimizer import fused_update, gradient_of_update
 from planner.plan.document import Plan
 from planner.plan.replication import sharding_groups
 
@@ -239,11 +239,8 @@ class ReplicaGroups:
             w0.add_(summed[0])
             if s is not None:
                 s0.add_(summed[1])
-        else:
-            gradient = summed[0]
-            squared = (gradient / lr).square()
-            s0.add_(squared.mean(dim=1) if self.optimizer == "rowwise_adagrad" else squared)
-            w0.sub_(gradient.mul_(step_size(self.optimizer, s0, 1.0)))
+        else:  # the summed gradient carries the learning rate: 1D's update of it
+            fused_update(self.optimizer, w0, s0, summed[0].div_(lr), lr)
         w.copy_(w0)
         if s is not None:
             s.copy_(s0)

@@ -78,7 +78,7 @@ class ReplicatedTables(KeyedOptimizer):
                 fused_update(self.kind, weight, next(iter(self.state[weight].values()), None), grad, lr, eps)
 
 
-def step_size(kind: str, momentum: torch.Tensor, lr: float, eps: float = EPS) -> torch.Tensor:
+def _step_size(kind: str, momentum: torch.Tensor, lr: float, eps: float) -> torch.Tensor:
     """What a gradient is multiplied by in an update, given the state after it."""
     size = lr / (momentum.sqrt() + eps)
     return size.unsqueeze(1) if kind == "rowwise_adagrad" else size
@@ -91,11 +91,11 @@ def fused_update(kind: str, weight: torch.Tensor, momentum: torch.Tensor | None,
         weight.sub_(grad, alpha=lr)
         return
     momentum += grad.square().mean(dim=1) if kind == "rowwise_adagrad" else grad.square()
-    weight.sub_(grad * step_size(kind, momentum, lr, eps))
+    weight.sub_(grad * _step_size(kind, momentum, lr, eps))
 
 
 def gradient_of_update(kind: str, update: torch.Tensor, momentum: torch.Tensor | None, lr: float,
                        eps: float = EPS) -> torch.Tensor:
     """The gradient one `fused_update` applied, from the weights' change (`update`, turned into
     the gradient in place) and the state after it."""
-    return update.div_(-lr) if kind == "sgd" else update.div_(-step_size(kind, momentum, lr, eps))
+    return update.div_(-lr) if kind == "sgd" else update.div_(-_step_size(kind, momentum, lr, eps))
