@@ -144,10 +144,11 @@ class ReplicaGroups:
     @torch.no_grad()
     def agree(self, model: torch.nn.Module) -> None:
         """The replicas hold the same tables (the start, a resume): their updates count from here."""
-        self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self._shards(model)]
+        self.held = self._shards(model)  # views of the kernels' weights and state, as every sync reads them
+        self.agreed = [(w.clone(), None if s is None else s.clone()) for w, s in self.held]
         # which replica changed each row since they agreed: -1 none (a row two look up is synced at once)
         self.changed_by = [torch.full((w.shape[0],), -1, dtype=torch.int16, device=w.device) for w, _ in self.agreed]
-        self._model, self._none = model, torch.empty(0, dtype=torch.int64, device=self.device)
+        self._none = torch.empty(0, dtype=torch.int64, device=self.device)
         self._step_rows: dict[int, list[torch.Tensor]] = {}  # shard -> each replica's rows looked up this step
 
     @torch.no_grad()
@@ -173,7 +174,7 @@ class ReplicaGroups:
         """Sync the `chosen` rows of shards, in blocks of at most SYNC_BLOCK_BYTES of weights (each
         copied out, synced and copied back: a sync never holds a third copy of the shards).
         Returns the bytes all-reduced."""
-        shards = self._shards(self._model)
+        shards = self.held
         sent, block, block_bytes = 0, [], 0
         for k, rows in chosen.items():
             w = shards[k][0]
@@ -277,7 +278,8 @@ def read_after_another(changed_by: torch.Tensor, looked_up: list[torch.Tensor]) 
     """The rows of one shard that a replica is about to read and another changed since they agreed
     (`looked_up[i]`: the distinct rows replica i is about to read; `changed_by`: which replica
     changed each row, -1 none), marked as agreed in `changed_by`: the caller syncs them."""
-    rows = torch.unique(torch.cat([ids[(changed_by[ids] >= 0) & (changed_by[ids] != i)] for i, ids in enumerate(looked_up)]))
+    by = [changed_by[ids] for ids in looked_up]
+    rows = torch.unique(torch.cat([ids[(b >= 0) & (b != i)] for i, (ids, b) in enumerate(zip(looked_up, by))]))
     changed_by[rows] = -1
     return rows
 
