@@ -129,7 +129,7 @@ def plan_summary(plan, problem: PlanningProblem) -> dict:
            "a2a_mb_per_step": sent / 1e6, "group_size": plan.world_size}
     if rep is not None:
         share = (rep.replicas - 1) / rep.replicas  # of its buffer a rank sends in a ring all-gather (twice that in an all-reduce)
-        exchanged = max(sync_bytes_per_rank(plan, {tb.name: tb for tb in problem.tables}, t.batch_size_per_rank, t.embedding_optimizer,
+        exchanged = max(sync_bytes_per_rank(plan, problem.tables, t.batch_size_per_rank, t.embedding_optimizer,
                                             rep.replicas, rep.sync_every_steps), key=lambda b: b.per_step(rep.sync_every_steps))
         sent = share * exchanged.gathered + 2 * share * (exchanged.shared + exchanged.synced / rep.sync_every_steps)
         row.update(sync_ms=rep.sync_ms, shared_ms=rep.shared_ms, sync_ms_per_step=rep.sync_ms_per_step, sync_mb_per_step=sent / 1e6)

@@ -59,7 +59,7 @@ def test_a_sync_exchanges_the_rows_its_replicas_look_up_and_no_other():
     large = TableSpec("large", 20_000_000, 128, 1.0, zipf_exponent=1.05)
     p = replace(p, tables=(small, large))
     plan = Plan(2, 2, {t.name: table_layout(t, ShardingType.TABLE_WISE, [k], "hbm") for k, t in enumerate(p.tables)}, (), 0.0, 0.0)
-    every_step = sync_bytes_per_rank(plan, {t.name: t for t in p.tables}, 512, "rowwise_adagrad", 8, 1)
+    every_step = sync_bytes_per_rank(plan, p.tables, 512, "rowwise_adagrad", 8, 1)
     # synced every step: the small table's every row, looked up by every replica: its summed gradient (the
     # state follows from it), and 8 replicas' ids of it
     assert every_step[0].shared + every_step[0].synced == pytest.approx(100 * 64 * 4, rel=1e-3)
@@ -67,7 +67,7 @@ def test_a_sync_exchanges_the_rows_its_replicas_look_up_and_no_other():
     # the large table: 8 replicas' 1,024 ids a step hit fewer rows than that, a sliver of the table's 10 GB
     row = rows_bytes(1, 128, "rowwise_adagrad")
     assert 1_000 * row < every_step[1].per_step(1) < 8 * 1_024 * (row + 4) < rows_bytes(20_000_000, 128, "rowwise_adagrad") / 1_000
-    every_10 = sync_bytes_per_rank(plan, {t.name: t for t in p.tables}, 512, "rowwise_adagrad", 8, SYNC_EVERY)
+    every_10 = sync_bytes_per_rank(plan, p.tables, 512, "rowwise_adagrad", 8, SYNC_EVERY)
     assert every_10[0].shared == pytest.approx(100 * 64 * 4, rel=1e-3)  # hot: every row, every step
     assert every_10[1].per_step(SYNC_EVERY) < every_step[1].per_step(1)  # a row looked up twice in 10 steps, synced once
     within = replication_of(plan, p, 8, SYNC_EVERY)  # 8 replicas: one node, its fast link

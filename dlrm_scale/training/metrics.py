@@ -72,7 +72,7 @@ class WindowReport:
         self.plan_rank = group_ranks(rep) if rep is not None else list(range(world))
         self.sync_predicted = None
         if rep is not None:
-            exchanged = sync_bytes_per_rank(plan, {t.name: t for t in tables}, training.batch_size_per_rank, training.embedding_optimizer,
+            exchanged = sync_bytes_per_rank(plan, tables, training.batch_size_per_rank, training.embedding_optimizer,
                                             rep.replicas, rep.sync_every_steps)
             self.sync_predicted = [exchanged[k].per_step(rep.sync_every_steps) for k in self.plan_rank]
         self.samples_per_s = 0.0

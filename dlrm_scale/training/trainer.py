@@ -110,8 +110,7 @@ class Trainer:
             due_checkpoint = self.checkpoints.due(done, last)
             due_log = done % cfg.log_every == 0 or last
             due_eval = (cfg.eval_every and done % cfg.eval_every == 0) or last
-            if self.replicas is not None:
-                self._sync_replicas(done, scheduled=True)
+            self._sync_replicas(done, scheduled=True)
             if due_checkpoint or due_log:
                 window = torch.stack(losses).float()
                 bad_step = bad_step if bad_step != NO_BAD_STEP else first_bad_step(window, first)
@@ -157,6 +156,8 @@ class Trainer:
         row one changed: the step's work, whose time counts as its `rest` and whose bytes count in
         the window. Before a checkpoint or an evaluation (which then read one model), every row one
         changed since the last sync: left out with what it precedes."""
+        if self.replicas is None:
+            return
         if scheduled:
             due = self.replicas.due(step)
             lr = self.config.embedding_lr * lr_factor(self.config, step - 1)  # the embedding rate of the step just done
@@ -169,8 +170,7 @@ class Trainer:
             self.synced_at = step
 
     def _save(self, step: int) -> Path:
-        if self.replicas is not None:
-            self._sync_replicas(step)
+        self._sync_replicas(step)
         return self.checkpoints.save(step)
 
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
@@ -191,8 +191,7 @@ class Trainer:
         return record
 
     def _evaluate(self, step: int, pipeline, resume_training: bool) -> dict:
-        if self.replicas is not None:
-            self._sync_replicas(step)
+        self._sync_replicas(step)
         pipeline.detach()  # the pipeline rewires forward; evaluation needs the plain one
         with self.meter.paused():
             record = {"step": step, **evaluate(self.model, self.eval_data, self.config.eval_batches, self.device, self.world)}

@@ -65,8 +65,8 @@ class RankPlan:
         return self.perf.total_ms
 
 
-# dlrm_scale.training.replicas: the rows two replicas look up synced after each step, the rows one
-# changed every sync_every_steps
+# dlrm_scale.training.replicas: a row one replica changed synced before another reads it, a row two
+# changed after the step, the rows one changed every sync_every_steps
 REPLICA_STRATEGY = "shared_rows"
 
 
@@ -79,7 +79,7 @@ class Replication:
     replicas: int
     sync_every_steps: int
     sync_ms: float  # every N steps, the rows one replica changed synced, predicted
-    shared_ms: float  # after each step, the rows looked up exchanged and those two replicas looked up synced, predicted
+    shared_ms: float  # each step, the rows looked up exchanged and those read after another's change or two changed synced, predicted
     strategy: str = REPLICA_STRATEGY
 
     @property

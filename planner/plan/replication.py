@@ -27,7 +27,7 @@ What a group size changes, and how the planner prices it:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from planner.cost.cost_model import (WEIGHT_BYTES, all_gather_ms, all_reduce_ms, collective_ms, distinct_rows_per_step,
                                      optimizer_state_bytes, rows_bytes)
@@ -158,7 +158,7 @@ class SyncBytes:
         return self.gathered + self.shared + self.synced / sync_every_steps
 
 
-def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
+def sync_bytes_per_rank(plan: Plan, tables: Sequence[TableSpec], batch_size_per_rank: int, optimizer: str, replicas: int,
                         sync_every_steps: int) -> list[SyncBytes]:
     """Each group rank's SyncBytes. Rows two replicas look up in a step: those two of the R
     replicas' draws hit in it; rows read after another's change: once each of those two hit within
@@ -166,11 +166,11 @@ def sync_bytes_per_rank(plan: Plan, tables: Mapping[str, TableSpec], batch_size_
     two hit. Synced every step, every row looked up in the step. Assumes each table's Zipf law and independent draws (as the cost model's distinct
     rows), a replica's batch of G x b samples, a table's rows spread evenly over its row blocks."""
     out = [[0.0, 0.0, 0.0] for _ in range(plan.world_size)]
-    n = sync_every_steps
+    n, specs = sync_every_steps, {t.name: t for t in tables}
     for name, table in plan.tables.items():
         if table.sharding_type == "data_parallel":
             continue
-        spec = tables[name]
+        spec = specs[name]
         ids = batch_size_per_rank * plan.world_size * spec.pooling_factor  # a replica's in a step
 
         def distinct(draws: float) -> float:
@@ -198,7 +198,7 @@ def replication_of(plan: Plan, problem: PlanningProblem, replicas: int, sync_eve
     rows read after another's change all-reduced, and after the step those two looked up; every
     N steps, the rest."""
     cluster, training = problem.cluster, problem.training
-    exchanged = sync_bytes_per_rank(plan, {t.name: t for t in problem.tables}, training.batch_size_per_rank,
+    exchanged = sync_bytes_per_rank(plan, problem.tables, training.batch_size_per_rank,
                                     training.embedding_optimizer, replicas, sync_every_steps)
     latency_ms = collective_ms(replicas - 1, cluster)
     sync = max(all_reduce_ms(b.synced, replicas, cluster) for b in exchanged) + latency_ms
