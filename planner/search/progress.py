@@ -30,3 +30,12 @@ def watched(listener: Listener | None) -> Iterator[None]:
         yield
     finally:
         _listener.reset(token)
+
+
+@contextlib.contextmanager
+def bound_at_most(bound_ms: float) -> Iterator[None]:
+    """Searches within this block report at most `bound_ms` as their bound: a search over part of
+    the options proves a bound on its own problem only, not on the whole one."""
+    outer = _listener.get()
+    with watched(None if outer is None else lambda stage, best_ms, bound: outer(stage, best_ms, min(bound, bound_ms))):
+        yield
