@@ -329,7 +329,7 @@ def test_where_collectives_cost_more_than_the_busiest_rank_the_types_are_chosen_
     """24 tables on 16 ranks at 5 us a peer: every sharding type's collectives cost more than the
     busiest rank's lookups. The plan's step is within 2% of the best plan of any one type (brute
     force), where the search over every type, weighing the busiest rank alone, ends 20% longer; its
-    bound holds for every type. Without per-peer latency the search is over every option."""
+    bound holds for every type. Where collectives cost nothing the search is over every option."""
     from planner.plan import planning
     from planner.search.bounds import shard_limited_bound_ms
     from planner.search.colocation import colocate
@@ -347,6 +347,7 @@ def test_where_collectives_cost_more_than_the_busiest_rank_the_types_are_chosen_
     monkeypatch.setattr(planning, "types_first", lambda search, *args: search.options_by_table)
     assert make_plan(costly, config=config).step[0] > 1.2 * plan.step[0]
     monkeypatch.undo()
-    free = problem(16, 0.0)
+    free = make_problem([table("hot", 2_000_000, 64, 100.0)] + [table(f"s{i}", 50_000, 64, 2.0) for i in range(4)],
+                        make_cluster(ranks_per_node=2, collective_latency_ms=0.0))
     search = colocate(enumerate_options(free, AnalyticCostModel(free.cluster, free.training)), (), RankRules())
     assert planning.types_first(search, free.cluster, config, float("inf")) is search.options_by_table

@@ -21,7 +21,7 @@ from planner.plan.document import Plan, PlannedShard, RankPlan, TablePlan
 from planner.spec.placement_rules import RankRules
 from planner.plan.inputs import PlanInputs
 from planner.spec.schemes import cache_rows
-from planner.search.solver import Solution, SolverConfig, solve, warm_start
+from planner.search.solver import Solution, SolverConfig, bound_of, solve, warm_start
 from planner.spec.specs import ClusterSpec, TableSpec
 from planner.spec.problem import PlanningProblem
 from planner.spec.types import ShardingOption
@@ -52,11 +52,10 @@ PHASE_BALANCE_SHARE = 0.2
 # Half the wall reserve: a deterministic second took up to 2 s of wall clock on a 2-core machine,
 # and 0.2 let 1,000 tables on 128 ranks run 3 s of stale rounds past 10 s.
 PHASE_BALANCE_DETERMINISTIC_SHARE = 0.1
-# Sharding types are chosen before the search (types_first) where fewer of them save at least this
-# share of the greedy plan's step in fixed cost: a saving of the order of the cost model's own error,
-# which no search over every type can be trusted to find (the search weighs the busiest rank alone).
-# At 8 ranks a tenth left Criteo-1TB and the synthetic 100 tables (types' fixed cost 4% and 0.3%
-# of their greedy steps) to the search, whose fewer-types re-solves did better there.
+# Sharding types are chosen before the search (types_first) where the set chosen saves at least
+# this share of the greedy plan's step in fixed cost against every type on offer: of the order of
+# the cost model's own error. Criteo-1TB and the synthetic 100 tables on 8 ranks, where the
+# search's own fewer-types re-solves find shorter steps, stay under it.
 TYPES_FIRST_MIN_SAVING = 0.1
 # Each greedy plan `types_first` weighs a type set by: this share of the time limit, in counted work.
 TYPES_FIRST_SHARE = 0.01
@@ -87,9 +86,9 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
                 if options is search.options_by_table:
                     solution, closed = _solve(search, options, problem.cluster, config, left)
                 else:  # the restricted solve's bound is its own problem's: the plan's is every option's
-                    bound_ms = shard_limited_bound_ms(search.options_by_table, problem.cluster.world_size)
-                    with progress.bound_at_most(bound_ms):
+                    with progress.bound_at_most(shard_limited_bound_ms(search.options_by_table, problem.cluster.world_size)):
                         solution, _ = _solve(search, options, problem.cluster, config, left)
+                    bound_ms = bound_of(search.options_by_table, problem.cluster, solution.max_rank_ms, config, start + config.time_limit_s)
                     solution = replace(solution, lower_bound_ms=bound_ms, method=solution.method + "+types-first")
                     closed = solution.gap <= config.target_gap
                 solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
@@ -201,15 +200,16 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
 
     Each type a plan uses adds a fixed cost to every rank's step (cost_model.sharding_types_ms),
     which `fewer_sharding_types` weighs only after a solve that closed its gap. With per-peer
-    latency on many ranks that cost can be several times the busiest rank, and those solves do not
-    close (64 ranks, 5 us a peer: step 3.39 ms, where table-row-wise alone gives 1.40). So first the
-    greedy warm start (TYPES_FIRST_SHARE of the work each) over the types its own plan uses, then
-    over each set with one of them left out while that shortens its step; where the set it ends at
-    saves more fixed cost than the greedy plan's busiest rank stands above the bound (what the
-    search could still take off it) and TYPES_FIRST_MIN_SAVING of its step, the search gets that
-    set's options. The plan's bound is then the shard-limited one over every option, which holds
-    whatever types a plan uses (the restricted search proves a bound on its own problem only).
-    Nothing is tried where no set of types could save that much."""
+    latency on many ranks that cost can be several times the busiest rank, those solves do not
+    close, and the search takes whatever types lower the busiest rank (24 tables on 64 ranks at
+    5 us a peer: step 3.39 ms, where table-row-wise alone gives 1.40). So first the greedy warm
+    start (TYPES_FIRST_SHARE of the work each) over every option, then over the types its plan
+    used with one left out at a time while that shortens its step. Where the set it ends at saves,
+    against every type on offer, more fixed cost than the greedy plan stands above the bound (what
+    the search could take off the busiest rank) and than TYPES_FIRST_MIN_SAVING of its step, the
+    search is over that set's options; the plan's bound is then every option's (`bound_of`), as the
+    restricted search proves a bound on its own problem only. Nothing is tried where no set of
+    types could save that much."""
     options = search.options_by_table
     world = cluster.world_size
     bound_ms = shard_limited_bound_ms(options, world)
@@ -230,23 +230,23 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
     first = greedy(options)
     if first is None:
         return options
-    first_step_ms, first_peak_ms, first_used = first
-    best_step_ms, used, chosen = first_step_ms, first_used, options
+    first_step_ms, first_peak_ms, used = first
+    best_step_ms = first_step_ms
     while len(used) > 1:
         tried = []
         for drop in sorted(used, key=lambda t: t.value):
             restricted = _of_types(options, used - {drop})
             result = greedy(restricted)
             if result is not None:
-                tried.append((result[0], result[2], restricted))
+                tried.append((result[0], result[2]))
         if not tried:
             break
-        step_ms, kept, restricted = min(tried, key=lambda trial: trial[0])
+        step_ms, kept = min(tried, key=lambda trial: trial[0])
         if step_ms >= best_step_ms * (1 - TYPE_MIN_GAIN):
             break
-        best_step_ms, used, chosen = step_ms, kept, restricted
-    saved_ms = sharding_types_ms(first_used, cluster) - sharding_types_ms(used, cluster)
-    return chosen if saved_ms > max(first_peak_ms - bound_ms, TYPES_FIRST_MIN_SAVING * first_step_ms) else options
+        best_step_ms, used = step_ms, kept
+    saved_ms = sharding_types_ms(present, cluster) - sharding_types_ms(used, cluster)
+    return _of_types(options, used) if saved_ms > max(first_peak_ms - bound_ms, TYPES_FIRST_MIN_SAVING * first_step_ms) else options
 
 
 def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec) -> TablePlan:

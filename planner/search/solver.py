@@ -229,6 +229,26 @@ class _LPBounds:
         return self.bound_ms
 
 
+def bound_of(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, best_peak_ms: float,
+             config: SolverConfig, deadline_s: float) -> float:
+    """A bound on the busiest rank of every plan over these options, for a plan of `best_peak_ms`
+    found over part of them: the analytic one, raised by the configuration LP (where the class
+    model would run: small instances): the cap that proves that plan within `config.target_gap`
+    first, then midpoints, up to `config.pattern_checks` caps."""
+    bound_ms = shard_limited_bound_ms(options_by_table, cluster.world_size)
+    unit_ms = max(bound_ms, 1e-9) / 20_000
+    if class_model_size(options_by_table, cluster, unit_ms) > config.class_model_max_variables:
+        return bound_ms
+    lp = _LPBounds(PatternLP(options_by_table, cluster.world_size, unit_ms), unit_ms, bound_ms)
+    lp.prove(best_peak_ms, bound_ms, config, deadline_s)
+    for _ in range(config.pattern_checks - 1):
+        high_ms = min(best_peak_ms, lp.high_ms)
+        if high_ms <= lp.bound_ms * (1 + config.target_gap) or wall_clock.passed(deadline_s, "configuration LP"):
+            break
+        lp.check((lp.bound_ms + high_ms) / 2, config, deadline_s)
+    return lp.bound_ms
+
+
 def _pattern_stage(lp: _LPBounds, options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec,
                    best: Assignment, config: SolverConfig, deadline_s: float, rules: RankRules,
                    work_until: int) -> tuple[Assignment, float]:
