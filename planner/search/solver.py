@@ -96,6 +96,11 @@ class Solution:
         return self.max_rank_ms / self.lower_bound_ms - 1 if self.lower_bound_ms > 0 else 0.0
 
 
+def _tick_ms(bound_ms: float) -> float:
+    """The CP-SAT models' and the configuration LP's integer tick: 0.005% of the bound."""
+    return max(bound_ms, 1e-9) / 20_000
+
+
 def _peak(assignment: Assignment, world: int) -> float:
     return float(RankLoads.of(assignment, world).ms.max())
 
@@ -236,7 +241,7 @@ def bound_of(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: 
     model would run: small instances): the cap that proves that plan within `config.target_gap`
     first, then midpoints, up to `config.pattern_checks` caps."""
     bound_ms = shard_limited_bound_ms(options_by_table, cluster.world_size)
-    unit_ms = max(bound_ms, 1e-9) / 20_000
+    unit_ms = _tick_ms(bound_ms)
     if class_model_size(options_by_table, cluster, unit_ms) > config.class_model_max_variables:
         return bound_ms
     lp = _LPBounds(PatternLP(options_by_table, cluster.world_size, unit_ms), unit_ms, bound_ms)
@@ -334,7 +339,7 @@ def solve(
     budget = config.time_limit_s * WORK_SHARE  # deterministic seconds (and the greedy stages' work), split between the stages below
     world = cluster.world_size
     bound = shard_limited_bound_ms(options_by_table, world)
-    unit_ms = max(bound, 1e-9) / 20_000  # 0.005% of the bound per integer tick
+    unit_ms = _tick_ms(bound)
     best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, deadline, rules,
                       work.now() + work.budget(WARM_START_SHARE * budget))
     target = bound * (1 + config.target_gap)
