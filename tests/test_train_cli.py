@@ -102,8 +102,16 @@ def test_training_on_criteo_tsv_with_bad_lines(tmp_path: Path):
 
 
 def test_int8_comms_on_a_table_wise_plan(tmp_path: Path):
+    from dlrm_scale.run_config import load_problem
+    from planner.plan.document import Plan, table_layout
+    from planner.spec.types import ShardingType
+
+    problem = load_problem("configs/tiny.yaml")  # the planner makes it data-parallel at int8: no all-to-all to measure
+    tables = {t.name: table_layout(t, ShardingType.TABLE_WISE, [k % 2], "ddr") for k, t in enumerate(problem.tables)}
+    plan = tmp_path / "tw.json"
+    Plan(2, 2, tables, (), 0.0, 0.0).save(plan)
     out = tmp_path / "o"
-    r = torchrun("--config", "configs/tiny.yaml", "--steps", "20", "--comm-precision", "int8", "--out-dir", str(out))
+    r = torchrun("--config", "configs/tiny.yaml", "--plan", str(plan), "--steps", "20", "--comm-precision", "int8", "--out-dir", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if "comm_bytes" in l]
     # dim 16: 16 payload bytes per row plus the codec's per-row scale and bias, against 64 in fp32
