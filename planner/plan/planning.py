@@ -86,9 +86,11 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
                 if options is search.options_by_table:
                     solution, closed = _solve(search, options, problem.cluster, config, left)
                 else:  # the restricted solve's bound is its own problem's: the plan's is every option's
-                    with progress.bound_at_most(shard_limited_bound_ms(search.options_by_table, problem.cluster.world_size)):
+                    every_ms = shard_limited_bound_ms(search.options_by_table, problem.cluster.world_size)
+                    with progress.bound_at_most(every_ms):
                         solution, _ = _solve(search, options, problem.cluster, config, left)
-                    bound_ms = bound_of(search.options_by_table, problem.cluster, solution.max_rank_ms, config, start + config.time_limit_s)
+                    bound_ms = bound_of(search.options_by_table, problem.cluster, every_ms, solution.max_rank_ms, config,
+                                        start + config.time_limit_s)
                     solution = replace(solution, lower_bound_ms=bound_ms, method=solution.method + "+types-first")
                     closed = solution.gap <= config.target_gap
                 solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
@@ -235,10 +237,10 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
     while len(used) > 1:
         tried = []
         for drop in sorted(used, key=lambda t: t.value):
-            restricted = _of_types(options, used - {drop})
-            result = greedy(restricted)
+            result = greedy(_of_types(options, used - {drop}))
             if result is not None:
-                tried.append((result[0], result[2]))
+                step_ms, _, kept = result
+                tried.append((step_ms, kept))
         if not tried:
             break
         step_ms, kept = min(tried, key=lambda trial: trial[0])

@@ -234,13 +234,12 @@ class _LPBounds:
         return self.bound_ms
 
 
-def bound_of(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, best_peak_ms: float,
-             config: SolverConfig, deadline_s: float) -> float:
+def bound_of(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, bound_ms: float,
+             best_peak_ms: float, config: SolverConfig, deadline_s: float) -> float:
     """A bound on the busiest rank of every plan over these options, for a plan of `best_peak_ms`
-    found over part of them: the analytic one, raised by the configuration LP (where the class
-    model would run: small instances): the cap that proves that plan within `config.target_gap`
-    first, then midpoints, up to `config.pattern_checks` caps."""
-    bound_ms = shard_limited_bound_ms(options_by_table, cluster.world_size)
+    found over part of them: `bound_ms` (their analytic one), raised by the configuration LP (where
+    the class model would run: small instances): the cap that proves that plan within
+    `config.target_gap` first, then midpoints, up to `config.pattern_checks` caps."""
     unit_ms = _tick_ms(bound_ms)
     if class_model_size(options_by_table, cluster, unit_ms) > config.class_model_max_variables:
         return bound_ms
