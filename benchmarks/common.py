@@ -16,9 +16,13 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine() -> str:
-    """CPU model, kernel and THP mode: the speed figures are facts of this machine."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
+    """CPU (name, family and model), kernel and THP mode: the speed figures are facts of this machine."""
+    info = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    # the model name alone ("AMD EPYC") does not tell one generation from the next on these VMs
+    cpu = info.get("model name", "unknown CPU") + (f" (family {info['cpu family']} model {info['model']})" if "cpu family" in info else "")
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n") \
         if shutil.which("nvidia-smi") else []
