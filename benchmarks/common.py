@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,15 @@ def write_result(path: str | Path, doc: dict[str, Any]) -> None:
     back from the file a benchmark adds to, is the run before's and is replaced."""
     rest = {k: v for k, v in doc.items() if k != "provenance"}
     Path(path).write_text(json.dumps({"provenance": provenance(), **rest}, indent=1) + "\n")
+
+
+def train_job(args: list[str], out: Path) -> tuple[float, list[dict]]:
+    """`dlrm-scale train` on 2 ranks as a user runs it, with `args` and its --out-dir `out`: its
+    wall time, start to exit, and the records of its metrics.jsonl; one line if it fails."""
+    cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", *args, "--out-dir", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{out.name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
+    return wall, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

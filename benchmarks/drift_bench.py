@@ -21,17 +21,12 @@ Writes benchmarks/results/drift.json and prints a Markdown table for docs/benchm
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, write_result
+from benchmarks.common import ROOT, train_job, write_result
 
 RESULTS = ROOT / "benchmarks" / "results" / "drift.json"
 CONFIG = ROOT / "configs" / "bench_tiered.yaml"
@@ -46,14 +41,8 @@ def run_job(steps: int, drift_at: int, folder: Path, name: str, extra: list[str]
     for path in (out, store):
         shutil.rmtree(path, ignore_errors=True)
     store.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", str(CONFIG), "--steps", str(steps),
-           "--drift-at", str(drift_at), "--store-io", "direct", "--store-dir", str(store), "--out-dir", str(out), *extra]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    wall, records = train_job(["--config", str(CONFIG), "--steps", str(steps), "--drift-at", str(drift_at), "--store-io", "direct",
+                               "--store-dir", str(store), *extra], out)
     hit_rates = {r["step"]: r["cache_hit_rate"] for r in records if "cache_hit_rate" in r}
     windows = [(r["step"], r["samples_per_s"], hit_rates.get(r["step"])) for r in records if "samples_per_s" in r]
     shutil.rmtree(store, ignore_errors=True)  # 4 GiB a run

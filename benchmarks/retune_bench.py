@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import ROOT, provenance, write_result
+from benchmarks.common import ROOT, provenance, train_job, write_result
 from benchmarks.costmodel_bench import generate_mix, given_plan, write_config
 from dlrm_scale.run_config import load_problem, measured_cpu_kernels
 from planner.spec.config import hardware_path
@@ -47,18 +43,12 @@ def run_job(config: Path, steps: int, out: Path, extra: list[str], plan=None) ->
     """One job; its wall time, the CPU kernels it trained with (a retuning job may measure its own),
     and its windows' samples/s and retune records."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", "--config", str(config), "--steps", str(steps),
-           "--out-dir", str(out), *extra]
+    args = ["--config", str(config), "--steps", str(steps), *extra]
     if plan is not None:
         out.mkdir(parents=True)
         plan.save(out / "given_plan.json")
-        cmd += ["--plan", str(out / "given_plan.json")]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{out.name}: exit {proc.returncode}: {proc.stderr[-2000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        args += ["--plan", str(out / "given_plan.json")]
+    wall, records = train_job(args, out)
     windows = [r["samples_per_s"] for r in records if "samples_per_s" in r]
     kernels = next(r["run"]["train"] for r in records if "run" in r)
     return {"wall_s": wall, "kernels": kernels, "windows_samples_per_s": windows, "retune": [r["retune"] for r in records if "retune" in r],
