@@ -21,8 +21,10 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# the tests not marked distributed on two workers, then the multi-rank ones (marked distributed) one at a time
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 -m "not distributed" tests
+	$(PY) -m pytest -q -m distributed tests
 
 demo: $(STAMP)
 	mkdir -p out/demo
