@@ -12,18 +12,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlrm_scale.run_config import this_cpu
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def machine() -> str:
-    """CPU (name, family and model), kernel and THP mode: the speed figures are facts of this machine."""
-    info = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    # the model name alone ("AMD EPYC") does not tell one generation from the next on these VMs
-    cpu = info.get("model name", "unknown CPU") + (f" (family {info['cpu family']} model {info['model']})" if "cpu family" in info else "")
+    """CPU (as a calibrated profile records it: name, family and model; the name alone, "AMD EPYC",
+    does not tell one generation from the next on these VMs), kernel and THP mode: the speed
+    figures are facts of this machine."""
+    cpu = this_cpu()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n") \
         if shutil.which("nvidia-smi") else []
