@@ -38,8 +38,6 @@ def run_job(steps: int, drift_at: int, folder: Path, name: str, extra: list[str]
     """One job: its wall time, each logged window's (step, samples/s, cache hit rate), and its
     retune records."""
     out, store = folder / name, folder / f"{name}_store"
-    for path in (out, store):
-        shutil.rmtree(path, ignore_errors=True)
     store.mkdir(parents=True)
     wall, records = train_job(["--config", str(CONFIG), "--steps", str(steps), "--drift-at", str(drift_at), "--store-io", "direct",
                                "--store-dir", str(store), *extra], out)
@@ -78,17 +76,17 @@ def main() -> int:
         ap.error("--repeats takes >= 1, --span >= 10, --drift-at more than --span and --recover at least --span and 50")
     steps = args.drift_at + args.recover
     runs: dict[str, list[dict]] = {name: [] for name in ARMS}
+    scores: dict[str, list[dict]] = {name: [] for name in ARMS}
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.repeats):
             for name, extra in ARMS.items():
                 runs[name].append(run_job(steps, args.drift_at, Path(d), f"{name}_{r}", extra))
-                print(f"{name} round {r}: {runs[name][-1]['wall_s']:.1f} s, {score(runs[name][-1], args.drift_at, args.recover, args.span)}",
-                      flush=True)
+                scores[name].append(score(runs[name][-1], args.drift_at, args.recover, args.span))
+                print(f"{name} round {r}: {runs[name][-1]['wall_s']:.1f} s, {scores[name][-1]}", flush=True)
     arms = {}
     for name, arm_runs in runs.items():
-        scores = [score(run, args.drift_at, args.recover, args.span) for run in arm_runs]
-        arms[name] = {"runs": arm_runs, "scores": scores,
-                      **{f"{k}_median": statistics.median(s[k] for s in scores if s[k] is not None) for k in ("before", "drop", "after", "restored")},
+        arms[name] = {"runs": arm_runs, "scores": scores[name],
+                      **{f"{k}_median": statistics.median(s[k] for s in scores[name] if s[k] is not None) for k in ("before", "drop", "after", "restored")},
                       "wall_median_s": statistics.median(run["wall_s"] for run in arm_runs)}
     write_result(args.out, {"config": str(CONFIG.relative_to(ROOT)), "steps": steps, "drift_at": args.drift_at, "recover": args.recover,
                             "span": args.span, "repeats": args.repeats, "arms": arms})
