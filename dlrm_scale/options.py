@@ -95,6 +95,9 @@ FLAGS: dict[str, dict[str, Any]] = {
                            help="with --retune: measure and decide again when a window's step is this far from the refitted "
                                 "prediction (default 0.15)"),
     "--drift-at": dict(type=int, metavar="STEP", help="synthetic data: from this step on, every table's hot ids move"),
+    "--drift-grows": dict(metavar="TABLE=FACTOR",
+                          help="synthetic data, with --drift-at: from that step on TABLE's bags are FACTOR times as long (a table "
+                               "that grows hot), in place of the hot ids moving"),
     "--store-dir": dict(help="directory for the rows of tables the plan keeps on SSD (CPU tiering)"),
     "--store-io": dict(choices=STORE_IO,
                        help="the SSD store's reads: through the page cache with pread, copied from the files kept "

@@ -98,6 +98,9 @@ class TrainConfig:
     cpu_embeddings: str | None = None  # one of CPU_EMBEDDINGS
     interaction: str | None = None  # one of INTERACTIONS
     drift_at_step: int = 0  # synthetic data: from this step on every table's hot ids move (0: never)
+    # synthetic data, from drift_at_step on: (table, factor) whose bags grow that many times longer,
+    # in place of the hot ids moving (a table that grows hot)
+    drift_grows: tuple[str, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "eval_batches"):
@@ -120,6 +123,10 @@ class TrainConfig:
                 raise ConfigError(f"train: {name} must be an integer >= 0, got {value!r}")
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
+        if self.drift_grows is not None:
+            table, factor = self.drift_grows
+            if not self.drift_at_step:
+                raise ConfigError(f"--drift-grows {table}={factor:g} applies at --drift-at STEP; add --drift-at")
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,18 @@ class CheckpointConfig:
             raise ConfigError(f"--checkpoint-every must be >= 0, got {self.every_steps}")
         if self.keep < 1:
             raise ConfigError(f"--keep-checkpoints must be >= 1, got {self.keep}")
+
+
+def parse_drift_grows(text: str) -> tuple[str, float]:
+    """'TABLE=FACTOR' (--drift-grows): the table and how many times longer its bags grow."""
+    table, _, factor = text.rpartition("=")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = float("nan")
+    if not table or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"--drift-grows takes TABLE=FACTOR with a factor > 0, such as t0=8; got {text!r}")
+    return table, value
 
 
 def parse_comm_precision(text: str) -> tuple[str, str]:
@@ -206,6 +225,7 @@ class Overrides:
     deterministic: bool = False
     no_checkpoint_on_signal: bool = False
     drift_at: int | None = None
+    drift_grows: str | None = None  # TABLE=FACTOR
 
     @classmethod
     def from_args(cls, args: Any, **given: Any) -> Overrides:
@@ -221,6 +241,8 @@ class Overrides:
             raise ConfigError(f"--hbm-gb must be a positive number of GiB, got {self.hbm_gb}")
         if self.comm_precision is not None:
             parse_comm_precision(self.comm_precision)
+        if self.drift_grows is not None:
+            parse_drift_grows(self.drift_grows)
 
     def cluster(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("world_size", "ranks_per_node", "device") if getattr(self, k) is not None}
@@ -249,6 +271,8 @@ class Overrides:
             out["checkpoint_on_signal"] = False
         if self.drift_at is not None:
             out["drift_at_step"] = self.drift_at
+        if self.drift_grows is not None:
+            out["drift_grows"] = parse_drift_grows(self.drift_grows)
         return out
 
 

@@ -137,6 +137,43 @@ def test_a_gpu_job_tunes_its_own_gpu_profile_and_replans_to_plans_the_cuda_path_
                                                      for n, ps in sharding.items() if ps.sharding_type != "data_parallel")
 
 
+def _with_pooling(run_dir: Path, factors) -> None:
+    """The recorded run's windows, each recording `factors` as the tables' measured pooling."""
+    metrics = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps({**r, "pooling_factors": factors} if "phase_ms" in r else r) + "\n" for r in records))
+
+
+def test_a_table_measured_hotter_than_configured_is_priced_as_it_ran_and_named_in_the_decision(tmp_path):
+    """The recorded run's four tables are configured at 4 ids a sample; its windows say t0 ran at 40:
+    the run is priced (fitted, replanned) with 40 for t0, and the decision says so."""
+    from dlrm_scale.tools.runs import load_run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED, run_dir)
+    configured = load_run(run_dir).run.problem
+    _with_pooling(run_dir, {"t0": 40.0, "t1": 4.1, "t2": 3.9, "t3": 4.0})
+    measured = load_run(run_dir)
+    assert measured.pooling["t0"] == (4.0, 40.0) and measured.run.problem.tables_by_name["t0"].pooling_factor == 40.0
+    assert measured.run.problem.tables_by_name["t1"].pooling_factor == 4.1
+    assert [replace(t, pooling_factor=1.0) for t in measured.run.problem.tables] == [replace(t, pooling_factor=1.0) for t in configured.tables]
+    decision, _ = decide(run_dir, "cpu_gloo", step=40, steps_left=1000, cost=MoveCost(5.0, 4.0), time_limit_s=2.0)
+    assert decision.pooling_changed == {"t0": [4.0, 40.0]}  # t1-t3 are within POOLING_NAMED of their config
+    assert "t0's pooling factor 40 (configured 4)" in decision.line()
+
+
+@pytest.mark.parametrize("factors", [{"t0": 4.0}, {"t0": -1.0, "t1": 4.0, "t2": 4.0, "t3": 4.0}, [4.0, 4.0, 4.0, 4.0]])
+def test_damaged_pooling_factors_in_a_run_are_one_line(factors, tmp_path):
+    from dlrm_scale.tools.runs import load_run
+    from planner.spec.errors import ConfigError
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED, run_dir)
+    _with_pooling(run_dir, factors)
+    with pytest.raises(ConfigError, match=r"metrics.jsonl:3: pooling_factors must give every table of the run a number >= 0"):
+        load_run(run_dir)
+
+
 # ---- the data whose hot set moves ----------------------------------------------------------------
 def test_the_hot_ids_move_at_the_drift_step_and_only_then():
     from dlrm_scale.training.data import SyntheticData
@@ -153,12 +190,41 @@ def test_the_hot_ids_move_at_the_drift_step_and_only_then():
     assert torch.equal(torch.cat([h["f_a"].values() for h in halves]), drifting.batch(7).sparse_features["f_a"].values())
 
 
+def test_a_table_grows_hot_at_the_drift_step_and_the_windows_measure_it():
+    """--drift-grows a=5: from the drift step on, table a's bags are 5 times as long, the other
+    tables' as they were, and no hot set moves; PoolingMeter measures both sides of it."""
+    from dlrm_scale.training.data import SyntheticData, feature_name
+    from dlrm_scale.training.metrics import PoolingMeter
+
+    steady = SyntheticData(TABLES, 13, 256, SEED)
+    growing = SyntheticData(TABLES, 13, 256, SEED, drift_at_step=5, drift_grows=("a", 5.0))
+    assert torch.equal(steady.batch(4).sparse_features.values(), growing.batch(4).sparse_features.values())
+    grown, kept = growing.batch(5).sparse_features, steady.batch(5).sparse_features
+    hottest = lambda kjt, f: np.bincount(kjt[f].values().numpy()).argmax()  # noqa: E731
+    assert hottest(grown, "f_a") == hottest(kept, "f_a") and hottest(grown, "f_b") == hottest(kept, "f_b")
+    meter = PoolingMeter([feature_name(t.name) for t in TABLES])
+    batches = meter.counting(growing.batches(0, 10))
+    for _ in range(5):
+        next(batches)
+    before = meter.take()
+    for _ in range(5):
+        next(batches)
+    after = meter.take()
+    configured = torch.tensor([t.pooling_factor for t in TABLES], dtype=torch.float64)
+    assert torch.allclose(before, configured, rtol=0.1)
+    assert after[0] == pytest.approx(5 * TABLES[0].pooling_factor, rel=0.1) and torch.allclose(after[1:], configured[1:], rtol=0.1)
+
+
 # ---- flags ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("flags, line", [
     (["--retune-window", "50"], "--retune-window applies with --retune; add --retune or drop it"),
     (["--retune", "--retune-window", "200"], "--retune-window 200 covers fewer than 3 logging windows of 100 steps"),
     (["--retune", "--retune-times", "0"], "--retune-times: must be a whole number >= 1, got 0"),
     (["--data", "criteo", "--data-path", "tests", "--drift-at", "5"], "--drift-at moves the hot ids of synthetic data"),
+    (["--drift-grows", "t_large=4"], "--drift-grows t_large=4 applies at --drift-at STEP; add --drift-at"),
+    (["--drift-at", "5", "--drift-grows", "t_large"], "--drift-grows takes TABLE=FACTOR with a factor > 0, such as t0=8; got 't_large'"),
+    (["--drift-at", "5", "--drift-grows", "t_large=0"], "--drift-grows takes TABLE=FACTOR with a factor > 0"),
+    (["--drift-at", "5", "--drift-grows", "t_huge=4"], "--drift-grows names table 't_huge', which the config does not have; name one of t_large"),
 ])
 def test_bad_retune_flags_are_one_line(flags, line, tmp_path):
     from dlrm_scale.training.flags import check_job, parse_args
@@ -338,4 +404,7 @@ def test_a_retuning_job_decides_writes_its_profile_and_finishes(tmp_path):
     profile = yaml.safe_load(fitted)
     assert profile["measured_on"] == this_cpu()
     assert (profile["cpu_kernels"]["embeddings"], profile["cpu_kernels"]["interaction"]) == announced.groups()
+    # each window records the tables' pooling factors as the data had them, over both ranks' batches
+    windows = [r["pooling_factors"] for r in records if "pooling_factors" in r]
+    assert windows and all(w["t_large"] == pytest.approx(4.0, rel=0.1) and w["t_small"] == 1.0 for w in windows)
 

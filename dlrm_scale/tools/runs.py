@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dlrm_scale.run_config import RunConfig
@@ -29,6 +29,9 @@ class MeasuredRun:
     step_ms: float  # median over windows: the slowest rank's sum of phases
     windows: int
     window_steps_ms: tuple[float, ...] = ()  # each window's step, as step_ms takes them
+    # per table whose windows measured it, (its pooling factor as configured, as measured: the
+    # median over windows); `run.problem` prices the measured one
+    pooling: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def spread(self) -> float:
@@ -42,9 +45,9 @@ class MeasuredRun:
 
 
 def load_run(directory: str | Path, hardware: str | None = None, stats: str | Path | None = None) -> MeasuredRun:
-    """The run in `directory`, priced with `hardware` (default: the profile it was trained with)
-    and the access statistics `stats` (a `dlrm-scale profile` stats.json; default: the tables'
-    Zipf laws)."""
+    """The run in `directory`, priced with `hardware` (default: the profile it was trained with),
+    the access statistics `stats` (a `dlrm-scale profile` stats.json; default: the tables'
+    Zipf laws) and the pooling factors its windows measured (a table that grew hot is priced as it ran)."""
     directory = Path(directory)
     fix = "give the --out-dir of a finished 'dlrm-scale train' run"
     metrics = directory / "metrics.jsonl"
@@ -76,10 +79,32 @@ def load_run(directory: str | Path, hardware: str | None = None, stats: str | Pa
     if len(windows) <= WARM_UP_WINDOWS:
         raise ConfigError(f"{metrics}: {len(windows)} logging windows; measuring needs more than {WARM_UP_WINDOWS} "
                           f"(train more steps or log more often)")
-    per_window = [_window_groups(metrics, number, entry, world) for number, entry in windows[WARM_UP_WINDOWS:]]
+    measured = windows[WARM_UP_WINDOWS:]
+    per_window = [_window_groups(metrics, number, entry, world) for number, entry in measured]
     phases = tuple({g: statistics.median(w[r][g] for w in per_window) for g in PHASE_GROUPS} for r in range(world))
     steps = tuple(max(sum(rank.values()) for rank in w) for w in per_window)
-    return MeasuredRun(directory, run, plan, phases, statistics.median(steps), len(per_window), steps)
+    pooling = _measured_pooling(metrics, measured, run)
+    tables = tuple(replace(t, pooling_factor=pooling[t.name][1]) if t.name in pooling else t for t in run.problem.tables)
+    run = replace(run, problem=replace(run.problem, tables=tables))
+    return MeasuredRun(directory, run, plan, phases, statistics.median(steps), len(per_window), steps, pooling)
+
+
+def _measured_pooling(metrics: Path, windows: list[tuple[int, dict]], run: RunConfig) -> dict[str, tuple[float, float]]:
+    """(configured, measured) pooling factor of each table, from windows that record them (a run
+    of an older version has none); a table no id of which was looked up keeps its configured one."""
+    tables = run.problem.tables_by_name
+    seen: dict[str, list[float]] = {}
+    for number, entry in windows:
+        factors = entry.get("pooling_factors")
+        if factors is None:
+            continue
+        if (not isinstance(factors, dict) or set(factors) != set(tables)
+                or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 for v in factors.values())):
+            raise ConfigError(f"{metrics}:{number}: pooling_factors must give every table of the run a number >= 0; the file is damaged")
+        for name, value in factors.items():
+            seen.setdefault(name, []).append(float(value))
+    measured = {name: statistics.median(values) for name, values in seen.items()}
+    return {name: (tables[name].pooling_factor, value) for name, value in measured.items() if value > 0}
 
 
 def _window_groups(metrics: Path, number: int, entry: dict, world: int) -> list[dict[str, float]]:

@@ -128,7 +128,7 @@ def build_data(run: RunConfig, data_path: str | None, rank: int, world: int) -> 
     tables, nd, seed = run.problem.tables, run.model.num_dense_features, run.train.seed
     batch = run.batch_size_per_rank
     if data_path is None:
-        return (SyntheticData(tables, nd, batch * world, seed, rank, world, run.train.drift_at_step),
+        return (SyntheticData(tables, nd, batch * world, seed, rank, world, run.train.drift_at_step, run.train.drift_grows),
                 SyntheticData(tables, nd, batch * world, seed + EVAL_SEED_OFFSET, rank, world))
     return (criteo_data(data_path, tables, nd, batch, rank, world, "train"),
             criteo_data(data_path, tables, nd, batch, rank, world, "eval"))

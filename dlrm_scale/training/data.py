@@ -3,7 +3,9 @@
 Each table's ids follow a Zipf law over a fixed random permutation of its rows (so hot rows
 are spread over row-wise shards, as hashed production ids are). With `drift_at_step`, every
 table's permutation changes from that step on: the hot set moves, as production traffic's does,
-and a cache sized for the old one misses. Labels come from a hidden
+and a cache sized for the old one misses; or, with `drift_grows` (table, factor), that table's
+bags grow that many times longer from then on: a table grows hot, and the rank that holds it
+does that much more of the work. Labels come from a hidden
 logistic model of the dense features and of a fixed per-row score of every looked-up id, so
 a model that learns its embeddings reaches an AUC clearly above 0.5.
 """
@@ -85,6 +87,7 @@ class _TableSampler:
     ids: ZipfIds
     scores: np.ndarray
     pooling_factor: float
+    drifted_pooling_factor: float  # from the drift step on
 
 
 class SyntheticData:
@@ -94,19 +97,21 @@ class SyntheticData:
     each from its own generator, so a rank draws only the chunks its slice overlaps."""
 
     def __init__(self, tables: Sequence[TableSpec], num_dense: int, global_batch: int, seed: int, rank: int = 0,
-                 world: int = 1, drift_at_step: int = 0) -> None:
+                 world: int = 1, drift_at_step: int = 0, drift_grows: tuple[str, float] | None = None) -> None:
         if global_batch <= 0 or global_batch % world or not 0 <= rank < world:
             raise ValueError(f"a global batch of {global_batch} does not split evenly over {world} ranks for rank {rank}")
         self.tables = list(tables)
         self.num_dense = num_dense
         self.global_batch, self.batch_size = global_batch, global_batch // world
         self.first = rank * self.batch_size  # this rank's first sample in the global batch
-        self.seed, self.drift_at_step = seed, drift_at_step  # 0: the hot set never moves
+        self.seed, self.drift_at_step = seed, drift_at_step  # 0: the data never drifts
+        moves = drift_at_step and drift_grows is None  # the hot ids move at the drift
         self.samplers = []
         for i, t in enumerate(self.tables):
             s = DEFAULT_ZIPF if t.zipf_exponent is None else t.zipf_exponent
-            ids = ZipfIds(t.num_embeddings, s, 20_011 + i, 50_021 + i if drift_at_step else None)
-            self.samplers.append(_TableSampler(ids, _row_scores(t.num_embeddings, i), t.pooling_factor))
+            ids = ZipfIds(t.num_embeddings, s, 20_011 + i, 50_021 + i if moves else None)
+            drifted = t.pooling_factor * drift_grows[1] if drift_grows is not None and drift_grows[0] == t.name else t.pooling_factor
+            self.samplers.append(_TableSampler(ids, _row_scores(t.num_embeddings, i), t.pooling_factor, drifted))
         hidden = np.random.default_rng(30_013)
         self.dense_weights = hidden.standard_normal(num_dense).astype(np.float32) / np.sqrt(num_dense)
         self.keys = [feature_name(t.name) for t in self.tables]
@@ -121,7 +126,8 @@ class SyntheticData:
         drifted = 0 < self.drift_at_step <= step
         for sampler in self.samplers:
             # lengths: 1 + Poisson(p - 1) keeps every bag non-empty with mean p
-            n = np.minimum(1 + rng.poisson(max(sampler.pooling_factor - 1.0, 0.0), size=b), MAX_POOLING)
+            p = sampler.drifted_pooling_factor if drifted else sampler.pooling_factor
+            n = np.minimum(1 + rng.poisson(max(p - 1.0, 0.0), size=b), MAX_POOLING)
             ids = sampler.ids.sample(int(n.sum()), rng, drifted)
             bag = np.repeat(np.arange(b), n)
             logit += np.bincount(bag, weights=sampler.scores[ids], minlength=b).astype(np.float32) / n

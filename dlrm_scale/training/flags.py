@@ -39,7 +39,7 @@ TRAIN_FLAGS = ("--plan", "--ignore-plan-inputs", "--planner", "--steps", "--batc
                "--data", "--data-path", "--out-dir", "--seed", "--eval-every", "--no-pipeline", "--checkpoint-dir",
                "--checkpoint-every", "--keep-checkpoints", "--resume", "--resume-from", "--deterministic", "--no-checkpoint-on-signal", "--collective-timeout", "--store-dir",
                "--store-io", "--interaction", "--cpu-embeddings", "--retune", "--retune-warmup", "--retune-window", "--retune-times",
-               "--retune-drift", "--drift-at")
+               "--retune-drift", "--drift-at", "--drift-grows")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -134,6 +134,10 @@ def check_job(args: argparse.Namespace, device: str | None = None) -> TrainJob:
                           f"(train: log_every); raise --retune-window to {3 * run.train.log_every} or log more often")
     if args.data == "criteo" and args.drift_at is not None:
         raise ConfigError("--drift-at moves the hot ids of synthetic data; drop it with --data criteo")
+    grows = run.train.drift_grows
+    if grows is not None and grows[0] not in {t.name for t in run.problem.tables}:
+        raise ConfigError(f"--drift-grows names table {grows[0]!r}, which the config does not have; name one of "
+                          f"{', '.join(t.name for t in run.problem.tables[:5])}{', ...' if len(run.problem.tables) > 5 else ''}")
     if args.data_path is not None and not Path(args.data_path).exists():
         raise ConfigError(f"--data-path {args.data_path} does not exist; check the path")
     if args.plan is not None:

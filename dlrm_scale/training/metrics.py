@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch
 
 from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.host_group import host_group
@@ -56,6 +57,34 @@ class MetricsLog:
             self.tensorboard.close()
 
 
+class PoolingMeter:
+    """Each table's ids per sample in the batches the loop took since the last window: its
+    pooling factor as the data has it (a table that grows hot shows here; the cost model prices
+    the config's). The pipeline takes a batch or two ahead, which a window of many steps does not notice."""
+
+    def __init__(self, features: Sequence[str]) -> None:
+        self.features = list(features)
+        self.ids = torch.zeros(len(self.features), dtype=torch.float64)
+        self.samples = 0
+        self.last = torch.zeros_like(self.ids)
+
+    def counting(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        for batch in batches:
+            kjt = batch.sparse_features
+            per_key = dict(zip(kjt.keys(), kjt.length_per_key()))
+            self.ids += torch.tensor([per_key[f] for f in self.features], dtype=torch.float64)
+            self.samples += kjt.stride()
+            yield batch
+
+    def take(self) -> torch.Tensor:
+        """Ids per sample of each feature since the last take (the last take's where no batch was
+        taken since: the pipeline may have taken the last window's batches before it began)."""
+        if self.samples:
+            self.last = self.ids / self.samples
+            self.ids, self.samples = torch.zeros_like(self.ids), 0
+        return self.last
+
+
 class WindowReport:
     """The record of a logging window. Its time is its training steps' (the slowest rank's sum
     of phases), so evaluation and checkpoints between windows never count."""
@@ -63,6 +92,7 @@ class WindowReport:
     def __init__(self, plan: Plan, training: TrainingSpec, tables: Sequence[TableSpec], timer: PhaseTimer, meter: CommMeter, rank: int,
                  world: int) -> None:
         self.timer, self.meter, self.rank, self.world = timer, meter, rank, world
+        self.tables = [t.name for t in tables]
         self.samples_per_step = training.batch_size_per_rank * world
         b, fwd, bwd = training.batch_size_per_rank, training.fwd_comm_precision, training.bwd_comm_precision
         self.predicted = embedding_comm_bytes(plan, b, fwd, bwd)
@@ -77,13 +107,14 @@ class WindowReport:
             self.sync_predicted = [exchanged[k].per_step(rep.sync_every_steps) for k in self.plan_rank]
         self.samples_per_s = 0.0
 
-    def record(self, step: int, losses: torch.Tensor, synced_bytes: int = 0) -> dict:
-        """The window's record; `synced_bytes`: what this rank exchanged with its replicas (2D)."""
+    def record(self, step: int, losses: torch.Tensor, pooling: torch.Tensor, synced_bytes: int = 0) -> dict:
+        """The window's record; `pooling`: this rank's ids per sample of each table (PoolingMeter);
+        `synced_bytes`: what this rank exchanged with its replicas (2D)."""
         n = len(losses)
         phases = self.timer.take()
         sent = [b / n for b in self.meter.reset()]  # embeddings, of them to other nodes, ids: bytes per step
-        stats = torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent, synced_bytes / n],
-                             dtype=torch.float64)
+        stats = torch.cat([torch.tensor([float(losses.mean()), *(phases[p] * 1e3 / n for p in PHASES), *sent, synced_bytes / n],
+                                        dtype=torch.float64), pooling])
         gathered = [torch.empty_like(stats) for _ in range(self.world)]
         with self.meter.paused():  # bookkeeping, not the embeddings' traffic
             dist.all_gather(gathered, stats, group=host_group())
@@ -93,6 +124,7 @@ class WindowReport:
         dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
         emb, across, ids, synced = (per_rank[:, 1 + len(PHASES) + i] for i in range(4))
+        pooling_factors = per_rank[:, 5 + len(PHASES):].mean(dim=0)  # every rank's batch is as large
 
         def ints(values) -> list[int]:
             return [int(v) for v in values]
@@ -113,6 +145,8 @@ class WindowReport:
             # the largest rank's resident memory now, and its anonymous part
             "rss_bytes": int(memory[0]), "rss_anon_bytes": int(memory[1]),
             "step_ms": step_ms,
+            # each table's ids per sample over the window, as the data had them
+            "pooling_factors": {t: round(float(p), 4) for t, p in zip(self.tables, pooling_factors)},
             # per phase, ms per step on each rank (index = rank); the slowest rank's add up to step_ms
             "phase_ms": {p: [round(float(v), 4) for v in per_rank[:, 1 + i]] for i, p in enumerate(PHASES)},
         }

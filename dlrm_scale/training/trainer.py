@@ -18,7 +18,8 @@ from dlrm_scale.training.comm_meter import CommMeter
 from dlrm_scale.training.evaluation import evaluate
 from dlrm_scale.training.host_group import host_group
 from dlrm_scale.training.lr_schedule import LRSchedule, lr_factor
-from dlrm_scale.training.metrics import MetricsLog, WindowReport
+from dlrm_scale.training.data import feature_name
+from dlrm_scale.training.metrics import MetricsLog, PoolingMeter, WindowReport
 from dlrm_scale.training.phases import step_runner
 from dlrm_scale.training.preemption import Preemption
 from dlrm_scale.training.prefetch import batch_source
@@ -50,6 +51,7 @@ class Trainer:
         self.metrics = MetricsLog(out_dir, rank)
         self.run_record = run_document(run)
         self.window = WindowReport(plan, run.problem.training, run.problem.tables, self.timer, self.meter, rank, world)
+        self.pooling = PoolingMeter([feature_name(t.name) for t in run.problem.tables])
         self.checkpoints = Checkpoints(run.checkpoint, self.model, self.optimizer, self.tiered, plan,
                                        run.problem.training.embedding_optimizer, train.seed, rank)
         self.preemption = Preemption(out_dir, rank)
@@ -90,7 +92,7 @@ class Trainer:
         count = cfg.steps - start_step
         with batch_source(self.data.batches(start_step, count), count, cfg.materialise_mib, cfg.prefetch_batches,
                           self.rank) as batches:
-            self._loop(start_step, batches)
+            self._loop(start_step, self.pooling.counting(batches))
 
     def _loop(self, start_step: int, batches) -> None:
         cfg = self.config
@@ -174,7 +176,7 @@ class Trainer:
         return self.checkpoints.save(step)
 
     def _log_window(self, step: int, losses: torch.Tensor, progress) -> dict:
-        record = self.window.record(step, losses, self.synced_bytes)
+        record = self.window.record(step, losses, self.pooling.take(), self.synced_bytes)
         self.synced_bytes = 0
         self.metrics.log(record)
         if self.tiered is not None:  # every rank's caches, summed over the window

@@ -3,8 +3,9 @@ the running plan is replanned from with least movement, and a move is taken only
 predicted gain over the steps left outweighs what moving costs.
 
 - measure: the windows logged since the measurement began (dlrm_scale.tools.runs: the last run
-  record in metrics.jsonl starts them), under the plan in plan.json; beside it, the last
-  measurement of each other layout this job trained under (`earlier`);
+  record in metrics.jsonl starts them), under the plan in plan.json, each table priced with the
+  pooling factor the windows measured (a table that grew hot is fitted and replanned as it now
+  is); beside it, the last measurement of each other layout this job trained under (`earlier`);
 - fit: `calibrate --from-runs`'s fit (dlrm_scale.tools.refit) to all of them, started from, and
   regularised toward, the profile the job is priced with; written to OUT_DIR/fitted_profile.yaml,
   so the next job can start from it;
@@ -46,6 +47,7 @@ FITTED_PROFILE = "fitted_profile.yaml"
 # was not fitted to is of this order (the cost-model benchmark's held-out median is ~6%).
 MIN_GAIN = 0.05
 NEAR = 0.01  # points of the front this close to the fastest count as fast
+POOLING_NAMED = 0.25  # a table whose measured pooling factor is this far from its config's is named in the decision
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Decision:
     guess: bool  # the point's prediction rests on work no measured layout did
     measured_before: bool  # the point is a layout this job measured (priced by that measurement)
     phases_ms: dict[str, list[float]]  # per phase group: [predicted before the fit, after it, measured]
+    pooling_changed: dict[str, list[float]]  # per table off its config by POOLING_NAMED: [configured, measured]
     plan: dict | None = None  # the plan moved to (plan/v1), when moving
 
     def record(self) -> dict:
@@ -111,7 +114,8 @@ class Decision:
 
     def line(self) -> str:
         verb = "moving" if self.move else "staying"
-        return (f"retune at step {self.step}: measured {self.measured_step_ms:.2f} ms a step (spread {100 * self.spread:.1f}%), "
+        pooling = "".join(f", {t}'s pooling factor {m:g} (configured {c:g})" for t, (c, m) in self.pooling_changed.items())
+        return (f"retune at step {self.step}: measured {self.measured_step_ms:.2f} ms a step (spread {100 * self.spread:.1f}%){pooling}, "
                 f"predicted {self.predicted_before_ms:.2f} ms by the profile, {self.predicted_ms:.2f} ms refitted; {verb}: {self.why}")
 
 
@@ -164,9 +168,10 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
         move, why, chosen, gain_s = choose(measured.plan, current_ms, measured.step_ms, [*map(predicted, front.points), *back],
                                            steps_left, move_s, measured.spread)
     phases = {g: [before.fair_phases[g][0], after.fair_phases[g][0], after.fair_phases[g][1]] for g in PHASE_GROUPS}
+    pooling = {t: [c, round(m, 2)] for t, (c, m) in measured.pooling.items() if abs(m / c - 1) > POOLING_NAMED}
     decision = Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,
                         chosen.step_ms if move else current_ms, chosen.point.moved_bytes if move else 0, model_gib, gain_s, move_s,
-                        move and chosen.guess, move and chosen.measured, phases,
+                        move and chosen.guess, move and chosen.measured, phases, pooling,
                         chosen.point.plan.to_dict() if move else None)
     return decision, measured
 
