@@ -36,12 +36,16 @@ def point(name: str, moved: int, ms: float, measured: bool = False, guess: bool 
 def test_a_move_is_taken_only_when_it_saves_more_than_the_measurement_can_tell_and_pays_for_itself():
     running = plan_of("table_wise@2")
     other = [point("mixed@2", 10**9, 8.0)]
-    move, why, chosen, gain_s = choose(running, 10.0, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
+    move, why, chosen, gain_s, measure_on = choose(running, 10.0, 10.0, other, steps_left=10_000, move_s=5.0, spread=0.01)
     assert move and chosen.point.plan.tables == plan_of("mixed@2").tables and gain_s == pytest.approx(20.0) and "20.0% of the step" in why
-    # 20% saved, but the windows differ by 25%: the gain may be noise
-    assert not choose(running, 10.0, 10.0, other, 10_000, 5.0, spread=0.25)[0]
-    # below MIN_GAIN, however steady the windows
-    assert not choose(running, 10.0, 10.0, [point("mixed@2", 1, 10.0 * (1 - MIN_GAIN / 2))], 10**6, 0.0, 0.0)[0]
+    # 20% saved, but the windows differ by 25%: the gain may be noise, which more windows can tell
+    noisy = choose(running, 10.0, 10.0, other, 10_000, 5.0, spread=0.25)
+    assert not noisy.move and noisy.measure_on and noisy.why.endswith("under the 25.0% a measurement can tell; measuring on")
+    # ... but not a gain that would not pay for its move even if it were real
+    assert not choose(running, 10.0, 10.0, other, 100, 5.0, spread=0.25).measure_on
+    # below MIN_GAIN, however steady the windows (and more windows do not change what the model can tell)
+    small = choose(running, 10.0, 10.0, [point("mixed@2", 1, 10.0 * (1 - MIN_GAIN / 2))], 10**6, 0.0, 0.0)
+    assert not small.move and not small.measure_on
     # 2 ms x 100 steps = 0.2 s does not pay for a 5 s move (x 10,000 steps, 20 s, does)
     move, why, *_ = choose(running, 10.0, 10.0, other, 100, 5.0, 0.01)
     assert not move and "under the 5.0 s a move costs" in why
@@ -66,7 +70,7 @@ def test_a_layout_measured_before_is_priced_by_its_measurement_against_the_measu
     before at 9 ms is 25% faster as measured (the refit's 10 ms of the running plan is no measure of it)."""
     running = plan_of("mixed@2")
     back = [point("table_wise@2", 10**8, 9.0, measured=True)]
-    move, why, chosen, gain_s = choose(running, 10.0, 12.0, back, 10_000, 5.0, 0.0)
+    move, why, chosen, gain_s, _ = choose(running, 10.0, 12.0, back, 10_000, 5.0, 0.0)
     assert move and chosen.measured and gain_s == pytest.approx(30.0) and why.startswith("going back to a layout measured saves 25.0%")
     assert not choose(running, 10.0, 9.2, back, 10_000, 5.0, 0.0)[0]  # 2% as measured: within what a measurement tells
 
@@ -233,6 +237,37 @@ def test_bad_retune_flags_are_one_line(flags, line, tmp_path):
     with pytest.raises(ConfigError) as e:
         check_job(parse_args(["--config", str(ROOT / "configs" / "tiny.yaml"), "--out-dir", str(tmp_path), *flags]), device="cpu")
     assert str(e.value).startswith(line)
+
+
+# ---- the schedule ---------------------------------------------------------------------------------
+def test_a_gain_under_the_spread_is_measured_on_and_decided_on_every_window_of_the_measurement(tmp_path):
+    """The real schedule (warm-up 10, windows of 10 steps, a decision after 30 measured), the
+    decisions given: the first stays with measure_on, so no new measurement record is logged (the
+    next decision reads the same measurement's windows, and the ones after) and the next decision
+    comes 30 steps later; that one stays for good, and the job watches."""
+    from dlrm_scale.run_config import RetuneConfig
+    from dlrm_scale.tuning.decide import Decision
+    from dlrm_scale.tuning.tuner import Tuner
+
+    def decision(step: int, measure_on: bool) -> dict:
+        return Decision(step, False, "under the spread", "cpu_gloo", 10.0, 0.3, 3, 10.0, 10.0, 10.0, 0, 0.1, 1.0, 1.0,
+                        False, False, measure_on, {}, {}).record()
+
+    class Given(Tuner):
+        def _decision(self, done, steps_left):
+            self.asked.append(done)
+            return decision(done, measure_on=len(self.asked) == 1)
+
+    tuner = Given(RetuneConfig(True, warmup_steps=10, window_steps=30, times=3), tmp_path, "cpu_gloo", 0, tmp_path)
+    tuner.asked = []
+    logged = []
+    tuner.started(0, build_s=1.0)
+    for done in range(10, 200, 10):
+        assert tuner.after_window(done, 10.0, 200, logged.append, {"run": "record"}) is None
+    assert tuner.asked == [40, 70]  # measuring from step 10: decided at 40, measured on, decided at 70
+    assert [r["step"] for r in logged if "run" in r] == [10]  # one measurement for both decisions
+    assert [r["retune"]["measure_on"] for r in logged if "retune" in r] == [True, False]
+    assert tuner.decisions == 2 and tuner._measuring_since is None  # watching now: steady windows start nothing
 
 
 # ---- the move, on real ranks ---------------------------------------------------------------------

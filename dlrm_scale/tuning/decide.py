@@ -16,9 +16,11 @@ predicted gain over the steps left outweighs what moving costs.
 - decide: the point whose gain, (step saved) x (steps left), most exceeds what moving there may
   cost, taken when that is positive and the step it saves is more than the measured
   window-to-window spread and MIN_GAIN (below either, the gain is within what the measurement
-  can tell). A point whose prediction rests on work no measured layout did (a constant of the
-  fit that none of them exercises, say the column permute of column-wise tables when the job
-  only ran row-wise) is a guess: its move must pay for the move back as well.
+  can tell; where only the spread stands in the way of a move that would pay, the job measures
+  on, and the next decision reads every window of the measurement). A point whose prediction
+  rests on work no measured layout did (a constant of the fit that none of them exercises, say
+  the column permute of column-wise tables when the job only ran row-wise) is a guess: its move
+  must pay for the move back as well.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from dlrm_scale.run_config import this_cpu
 from dlrm_scale.run_record import PHASE_GROUPS
@@ -95,6 +97,7 @@ class Decision:
     profile: str  # the fitted profile
     measured_step_ms: float
     spread: float  # window-to-window, relative to the median step
+    windows: int  # measured
     predicted_before_ms: float  # the running plan, by the profile it was priced with
     predicted_ms: float  # the running plan, by the fitted profile
     new_predicted_ms: float  # the plan chosen, by the fitted profile (the running one's when staying)
@@ -104,6 +107,7 @@ class Decision:
     cost_s: float  # of one move
     guess: bool  # the point's prediction rests on work no measured layout did
     measured_before: bool  # the point is a layout this job measured (priced by that measurement)
+    measure_on: bool  # staying only because the gain is under the spread: the measurement goes on (Choice)
     phases_ms: dict[str, list[float]]  # per phase group: [predicted before the fit, after it, measured]
     pooling_changed: dict[str, list[float]]  # per table off its config by POOLING_NAMED: [configured, measured]
     plan: dict | None = None  # the plan moved to (plan/v1), when moving
@@ -115,7 +119,8 @@ class Decision:
     def line(self) -> str:
         verb = "moving" if self.move else "staying"
         pooling = "".join(f", {t}'s pooling factor {m:g} (configured {c:g})" for t, (c, m) in self.pooling_changed.items())
-        return (f"retune at step {self.step}: measured {self.measured_step_ms:.2f} ms a step (spread {100 * self.spread:.1f}%){pooling}, "
+        return (f"retune at step {self.step}: measured {self.measured_step_ms:.2f} ms a step ({self.windows} windows, spread "
+                f"{100 * self.spread:.1f}%){pooling}, "
                 f"predicted {self.predicted_before_ms:.2f} ms by the profile, {self.predicted_ms:.2f} ms refitted; {verb}: {self.why}")
 
 
@@ -162,28 +167,39 @@ def decide(out_dir: Path, profile: str, step: int, steps_left: int, cost: MoveCo
     free = make_plan(run.problem, config=solver)
     back = [remeasured(r) for r in earlier]
     candidates = [predicted(Replanned(free, 0, None, free.lower_bound_ms)), *back]
-    move, why, chosen, gain_s = choose(measured.plan, current_ms, measured.step_ms, candidates, steps_left, move_s, measured.spread)
-    if move and not chosen.measured:
+    choice = choose(measured.plan, current_ms, measured.step_ms, candidates, steps_left, move_s, measured.spread)
+    if choice.move and not choice.candidate.measured:
         front = replan(run.problem, measured.plan, config=solver)
-        move, why, chosen, gain_s = choose(measured.plan, current_ms, measured.step_ms, [*map(predicted, front.points), *back],
-                                           steps_left, move_s, measured.spread)
+        choice = choose(measured.plan, current_ms, measured.step_ms, [*map(predicted, front.points), *back], steps_left, move_s,
+                        measured.spread)
+    move, chosen = choice.move, choice.candidate
     phases = {g: [before.fair_phases[g][0], after.fair_phases[g][0], after.fair_phases[g][1]] for g in PHASE_GROUPS}
     pooling = {t: [c, round(m, 2)] for t, (c, m) in measured.pooling.items() if abs(m / c - 1) > POOLING_NAMED}
-    decision = Decision(step, move, why, str(fitted_path), measured.step_ms, measured.spread, before.predicted_step_ms, current_ms,
-                        chosen.step_ms if move else current_ms, chosen.point.moved_bytes if move else 0, model_gib, gain_s, move_s,
-                        move and chosen.guess, move and chosen.measured, phases, pooling,
-                        chosen.point.plan.to_dict() if move else None)
+    decision = Decision(step, move, choice.why, str(fitted_path), measured.step_ms, measured.spread, measured.windows,
+                        before.predicted_step_ms, current_ms, chosen.step_ms if move else current_ms,
+                        chosen.point.moved_bytes if move else 0, model_gib, choice.gain_s, move_s, move and chosen.guess,
+                        move and chosen.measured, choice.measure_on, phases, pooling, chosen.point.plan.to_dict() if move else None)
     return decision, measured
 
 
+class Choice(NamedTuple):
+    move: bool
+    why: str
+    candidate: Candidate
+    gain_s: float  # predicted over the steps left
+    # no move, only because the step it saves is under the windows' spread (not MIN_GAIN, and it
+    # would pay for itself): more windows of the same layout tell more, so the job measures on
+    measure_on: bool = False
+
+
 def choose(running: Plan, current_ms: float, measured_ms: float, candidates: Sequence[Candidate], steps_left: int, move_s: float,
-           spread: float) -> tuple[bool, str, Candidate, float]:
-    """(move?, why, the candidate, its gain in s over the steps left). The running plan's step is
-    `current_ms` as the fitted profile predicts it, beside a predicted candidate, and
-    `measured_ms` beside a measured one (like with like). A move costs the same whatever moves
-    (the whole state goes through a checkpoint); a guess is charged the move back too. The
-    candidate whose gain most exceeds its charge is taken, or one within NEAR of the step of it
-    that moves fewer bytes (the front is ordered by bytes)."""
+           spread: float) -> Choice:
+    """Whether to move, and to which candidate. The running plan's step is `current_ms` as the
+    fitted profile predicts it, beside a predicted candidate, and `measured_ms` beside a measured
+    one (like with like). A move costs the same whatever moves (the whole state goes through a
+    checkpoint); a guess is charged the move back too. The candidate whose gain most exceeds its
+    charge is taken, or one within NEAR of the step of it that moves fewer bytes (the front is
+    ordered by bytes)."""
     def gain_s(c: Candidate) -> float:
         return ((measured_ms if c.measured else current_ms) - c.step_ms) * steps_left / 1e3
 
@@ -192,23 +208,26 @@ def choose(running: Plan, current_ms: float, measured_ms: float, candidates: Seq
 
     moving = [c for c in candidates if c.point.plan.tables != running.tables]
     if not moving:
-        return False, "the refitted profile plans the same layout", candidates[0], 0.0
+        return Choice(False, "the refitted profile plans the same layout", candidates[0], 0.0)
     best = max(gain_s(c) - charge_s(c) for c in moving)
     slack = NEAR * current_ms * steps_left / 1e3
     chosen = next(c for c in moving if gain_s(c) - charge_s(c) >= best - slack)
     gain = gain_s(chosen)
     before_ms = measured_ms if chosen.measured else current_ms
     saved = 1 - chosen.step_ms / before_ms
-    needed = max(MIN_GAIN, spread)
-    if saved < needed:
-        return (False, f"the best replan saves {100 * saved:.1f}% of the step, under the {100 * needed:.1f}% a measurement can tell",
-                chosen, gain)
-    if gain <= charge_s(chosen):
+    pays = gain > charge_s(chosen)
+    if saved < MIN_GAIN or saved < spread:
+        needed = max(MIN_GAIN, spread)
+        measure_on = saved >= MIN_GAIN and pays
+        return Choice(False, f"the best replan saves {100 * saved:.1f}% of the step, under the {100 * needed:.1f}% a measurement can tell"
+                      + ("; measuring on" if measure_on else ""), chosen, gain, measure_on)
+    if not pays:
         what = (f"the {charge_s(chosen):.1f} s of a move and the move back (its gain rests on work no layout of this job measured)"
                 if chosen.guess else f"the {move_s:.1f} s a move costs")
-        return False, f"it would save {gain:.1f} s over the {steps_left} steps left, under {what}", chosen, gain
+        return Choice(False, f"it would save {gain:.1f} s over the {steps_left} steps left, under {what}", chosen, gain)
     whence = "measured" if chosen.measured else "predicted"
-    return True, (f"{'going back to a layout measured' if chosen.measured else 'a replan'} saves {100 * saved:.1f}% of the step "
-                  f"({before_ms:.2f} -> {chosen.step_ms:.2f} ms {whence}), {gain:.1f} s over the {steps_left} steps left against "
-                  f"{charge_s(chosen):.1f} s to move {chosen.point.moved_bytes / GIB:.3f} GiB"
-                  f"{' (and back, were it wrong: its gain rests on work no layout of this job measured)' if chosen.guess else ''}"), chosen, gain
+    return Choice(True, (f"{'going back to a layout measured' if chosen.measured else 'a replan'} saves {100 * saved:.1f}% of the step "
+                         f"({before_ms:.2f} -> {chosen.step_ms:.2f} ms {whence}), {gain:.1f} s over the {steps_left} steps left against "
+                         f"{charge_s(chosen):.1f} s to move {chosen.point.moved_bytes / GIB:.3f} GiB"
+                         f"{' (and back, were it wrong: its gain rests on work no layout of this job measured)' if chosen.guess else ''}"),
+                  chosen, gain)

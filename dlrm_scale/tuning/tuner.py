@@ -7,6 +7,8 @@ Every rank keeps the same schedule: the window records it reads are gathered fro
 decision another does not ask for.
 
     start --warm-up--> measure --window--> decide: stay --> watch
+                                                   stay, the gain under the spread --> measure on
+                                                        --window--> decide on every window measured
                                                    move --warm-up--> measure (the new layout on
                                                         probation: the next decision may move back)
     watch: DRIFT_WINDOWS windows in a row off the refitted prediction by more than --retune-drift
@@ -44,6 +46,7 @@ class Tuner:
         self._staying_ms: float | None = None  # the same, for the plan in use while a move is under way
         self._warm_until = 0  # windows before this step are neither measured nor watched
         self._measuring_since: int | None = None  # the step the measurement began (None: not measuring)
+        self._decide_at = 0  # while measuring: the step of the next decision
         self._watching = False  # after a decision: comparing each window with predicted_ms
         self._off = 0
         self._moving: dict | None = None  # the move under way: when it began, what it moved
@@ -82,15 +85,16 @@ class Tuner:
                 if self._off < DRIFT_WINDOWS:
                     return None
                 self._measured = []  # the job drifted: other layouts' measurements were of other data
-            self._measuring_since, self._off = done, 0
+            self._measuring_since, self._decide_at, self._off = done, done + self.config.window_steps, 0
             log({"step": done, "run": run_record})  # the measurement: the windows after this record
             return None
-        if done - self._measuring_since < self.config.window_steps:
+        if done < self._decide_at:
             return None
         return self._decide(done, steps - done, log)
 
-    def _decide(self, done: int, steps_left: int, log) -> Plan | None:
-        began, text = time.monotonic(), None
+    def _decision(self, done: int, steps_left: int) -> dict:
+        """Rank 0's decision (a Decision's fields, or {"error": why}), as every rank receives it."""
+        text = None
         if self.rank == 0:
             try:
                 decision, measured = decide(self.out_dir, self.profile, done, steps_left, self.cost, self._measured,
@@ -99,9 +103,13 @@ class Tuner:
                 text = json.dumps(asdict(decision))
             except PlannerError as e:  # a measurement it cannot fit: go on under the plan in use, and measure again
                 text = json.dumps({"error": str(e)})
-        message = json.loads(broadcast_text(host_group(), text))
+        return json.loads(broadcast_text(host_group(), text))
+
+    def _decide(self, done: int, steps_left: int, log) -> Plan | None:
+        began = time.monotonic()
+        message = self._decision(done, steps_left)
         self.decisions += 1
-        self._measuring_since = None
+        measuring_since, self._measuring_since = self._measuring_since, None
         if "error" in message:
             log({"step": done, "retune": {"move": False, "why": f"no decision: {message['error']}"}})
             self._say(f"retune at step {done}: no decision ({message['error']}); going on under the plan in use")
@@ -110,8 +118,11 @@ class Tuner:
         # every rank waited this long for the decision: part of what retuning costs
         log({"step": done, "retune": {**decision.record(), "decide_s": time.monotonic() - began}})
         self._say(decision.line())
-        self.profile = decision.profile  # the next fit starts from this one
         self.predicted_ms, self._staying_ms, self._watching = decision.new_predicted_ms, decision.predicted_ms, True
+        if decision.measure_on:  # the same measurement goes on: the next decision reads its windows and the next ones
+            self._measuring_since, self._decide_at = measuring_since, done + self.config.window_steps
+            return None
+        self.profile = decision.profile  # the next fit starts from this one
         if not decision.move:
             return None
         self._moving = {"began": time.monotonic(), "moved_bytes": decision.moved_bytes, "model_gib": decision.model_gib}
