@@ -18,9 +18,10 @@ Arms, alternated within a round, --repeats rounds:
   table runs at, the reference the others are held to after the drift.
 Per run, samples/s (the mean of the logged windows' samples/s) over: the --span steps before the drift
 (`before`), the first 50 after it (`drop`), --span steps ending --recover steps after it
-(`after`) and the last --span steps (`end`); `restored` = (after - drop) / (before - drop), the
-share of the lost throughput won back by then. For grows_hot, `won back`: the share of the gap
-between the static plan and the planned reference that retuning closed, after --recover steps and at the end.
+(`after`) and the rest of the job (`rest`, grows_hot); hot_set: `restored` = (after - drop) /
+(before - drop), the share of the lost throughput won back by then. grows_hot, whose work after
+the drift is more than before: `won back`, the share of the gap between the static plan and the
+planned reference that retuning closed, over the rest of the job.
 
     python -m benchmarks.drift_bench [--case hot_set|grows_hot] [--drift-at 250] [--recover 300] [--repeats 3]
 
@@ -105,7 +106,8 @@ def rate(windows: list, first: int, last: int) -> float:
 def score(run: dict, drift_at: int, recover: int, span: int, steps: int, drifts: bool) -> dict:
     """The run's rates; for a run whose data does not drift (the planned reference), only those after the drift step."""
     after = rate(run["windows"], drift_at + recover - span, drift_at + recover)
-    out = {"before": None, "drop": None, "after": after, "end": rate(run["windows"], steps - span, steps), "restored": None,
+    rest = rate(run["windows"], drift_at + recover, steps) if steps > drift_at + recover else None
+    out = {"before": None, "drop": None, "after": after, "rest": rest, "restored": None,
            "moves": sum(1 for d in run["retune"] if d.get("move"))}
     if drifts:
         before = rate(run["windows"], drift_at - span, drift_at)
@@ -114,11 +116,11 @@ def score(run: dict, drift_at: int, recover: int, span: int, steps: int, drifts:
     return out
 
 
-def won_back(arms: dict, key: str) -> float | None:
+def won_back(arms: dict) -> float | None:
     """The share of the gap between the static plan and the planned reference that retuning
-    closed, by the arms' medians of `key`."""
-    static, planned = arms["static"][f"{key}_median"], arms["planned"][f"{key}_median"]
-    return (arms["retune"][f"{key}_median"] - static) / (planned - static) if planned > static else None
+    closed over the rest of the job, by the arms' medians."""
+    static, planned = arms["static"]["rest_median"], arms["planned"]["rest_median"]
+    return (arms["retune"]["rest_median"] - static) / (planned - static) if planned > static else None
 
 
 def main() -> int:
@@ -146,30 +148,33 @@ def main() -> int:
                 print(f"{arm} round {r}: {runs[arm][-1]['wall_s']:.1f} s, {scores[arm][-1]}", flush=True)
     arms = {}
     for arm, arm_runs in runs.items():
-        medians = {f"{k}_median": statistics.median(values) for k in ("before", "drop", "after", "end", "restored")
+        medians = {f"{k}_median": statistics.median(values) for k in ("before", "drop", "after", "rest", "restored")
                    if (values := [s[k] for s in scores[arm] if s[k] is not None])}
         arms[arm] = {"runs": arm_runs, "scores": scores[arm], **medians, "wall_median_s": statistics.median(run["wall_s"] for run in arm_runs)}
     entry = {"provenance": provenance(), "config": str(case.config.relative_to(ROOT)), "flags": list(case.flags), "steps": steps,
              "drift_at": args.drift_at, "recover": args.recover, "span": args.span, "repeats": args.repeats, "arms": arms}
     if "planned" in arms:
-        entry["won_back"] = {"after": won_back(arms, "after"), "end": won_back(arms, "end")}
+        entry["won_back"] = won_back(arms)
     out = Path(args.out)
     cases = json.loads(out.read_text()).get("cases", {}) if out.exists() else {}
     write_result(out, {"cases": {**cases, args.case: entry}})
-    print(f"| arm | before the drift | first 50 steps after | steps {args.recover - args.span}-{args.recover} after "
-          f"| last {args.span} steps | lost throughput won back | wall s | moves |")
-    print("|---|---|---|---|---|---|---|---|")
+    last = "rest" if "planned" in arms else "restored"
+    heads = {"rest": f"steps {args.drift_at + args.recover}-{steps}", "restored": "lost throughput won back"}
+    print(f"| arm | before the drift | first 50 steps after | steps {args.recover - args.span}-{args.recover} after | {heads[last]} "
+          "| wall s | moves |")
+    print("|---|---|---|---|---|---|---|")
     for arm, summary in arms.items():
         def cell(key: str, fmt: str) -> str:
             values = [s[key] for s in summary["scores"] if s[key] is not None]
             return f"{format(summary[key + '_median'], fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})" if values else "-"
         walls = [run["wall_s"] for run in summary["runs"]]
-        print(f"| {arm} | {cell('before', ',.0f')} | {cell('drop', ',.0f')} | {cell('after', ',.0f')} | {cell('end', ',.0f')} "
-              f"| {cell('restored', '.0%')} | {summary['wall_median_s']:.0f} ({min(walls):.0f}-{max(walls):.0f}) "
+        print(f"| {arm} | {cell('before', ',.0f')} | {cell('drop', ',.0f')} | {cell('after', ',.0f')} "
+              f"| {cell(last, ',.0f' if last == 'rest' else '.0%')} | {summary['wall_median_s']:.0f} ({min(walls):.0f}-{max(walls):.0f}) "
               f"| {', '.join(str(s['moves']) for s in summary['scores'])} |")
     if "won_back" in entry:
-        print("won back of the gap to the planned reference: " + ", ".join(
-            f"{k} {v:.0%}" if v is not None else f"{k} -" for k, v in entry["won_back"].items()))
+        won = entry["won_back"]
+        print(f"of the gap between static and planned over the rest of the job, retuning won back {won:.0%}" if won is not None
+              else "the planned reference was no faster than static over the rest of the job")
     return 0
 
 

@@ -49,6 +49,9 @@ def test_a_move_is_taken_only_when_it_saves_more_than_the_measurement_can_tell_a
     # 2 ms x 100 steps = 0.2 s does not pay for a 5 s move (x 10,000 steps, 20 s, does)
     move, why, *_ = choose(running, 10.0, 10.0, other, 100, 5.0, 0.01)
     assert not move and "under the 5.0 s a move costs" in why
+    # every other layout slower: said as such, and nothing to measure on
+    slower = choose(running, 10.0, 10.0, [point("mixed@2", 1, 12.0, measured=True)], 10_000, 0.0, 0.5)
+    assert not slower.move and not slower.measure_on and slower.why == "no other layout is faster (the best, 20.0% slower as measured)"
     # the replan keeps the layout: nothing to move to
     assert choose(running, 10.0, 10.0, [point("table_wise@2", 0, 10.0)], 1000, 0.0, 0.0)[1] == "the refitted profile plans the same layout"
 

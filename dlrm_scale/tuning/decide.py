@@ -216,6 +216,9 @@ def choose(running: Plan, current_ms: float, measured_ms: float, candidates: Seq
     before_ms = measured_ms if chosen.measured else current_ms
     saved = 1 - chosen.step_ms / before_ms
     pays = gain > charge_s(chosen)
+    if saved <= 0:
+        whence = "as measured" if chosen.measured else "predicted"
+        return Choice(False, f"no other layout is faster (the best, {100 * -saved:.1f}% slower {whence})", chosen, gain)
     if saved < MIN_GAIN or saved < spread:
         needed = max(MIN_GAIN, spread)
         measure_on = saved >= MIN_GAIN and pays
