@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from planner.search import progress, wall_clock, work
 from planner.search.assignment import RankLoads
@@ -136,6 +136,46 @@ def _step_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], clu
     return step_lower_bound_ms(options_by_table, cluster.world_size, rank_bound_ms, lambda types: sharding_types_ms(types, cluster))
 
 
+@dataclass(frozen=True)
+class TypeTrial:
+    """A plan made with some sharding types left out: its step (barrier step plus the fixed cost
+    of the types it used), how many tables use each type, and what made it."""
+
+    step_ms: float
+    used: Counter
+    made: Any
+
+
+STOP = object()  # a trial's answer: no more trials this round (the time or the count of them is spent)
+
+
+def leave_types_out(used: Counter, step_ms: float, trial: Callable[[set], TypeTrial | None | object],
+                    go_on: Callable[[TypeTrial], bool] = lambda _: True) -> TypeTrial | None:
+    """The descent over sharding types both `types_first` and `fewer_sharding_types` take: each
+    round, `trial` with each type `used` left out in turn (the type the fewest tables use first),
+    and the trial of shortest step kept while it shortens the step by TYPE_MIN_GAIN and `go_on`
+    says so. `trial` answers a TypeTrial, None (nothing to try there) or STOP. Returns the last
+    trial kept, or None."""
+    kept = None
+    while len(used) > 1:
+        tried = []
+        for drop in sorted(used, key=lambda t: (used[t], t.value)):
+            answer = trial(set(used) - {drop})
+            if answer is STOP:
+                break
+            if answer is not None:
+                tried.append(answer)
+        if not tried:
+            break
+        best = min(tried, key=lambda t: t.step_ms)
+        if best.step_ms >= step_ms * (1 - TYPE_MIN_GAIN):
+            break
+        kept, step_ms, used = best, best.step_ms, best.used
+        if not go_on(best):
+            break
+    return kept
+
+
 def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution, closed: bool,
                          deadline_s: float) -> Solution:
     """Each sharding type a plan uses runs collectives of its own (three embedding collectives
@@ -143,10 +183,11 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
     Where a plan whose solve closed its gap (`closed`) mixes types, re-solve once with each type
     left out in turn (tables with no other option keep theirs, no new type comes in) and keep the
-    re-solve with the shortest step, its barrier step plus that fixed cost, while that improves,
-    within MAX_TYPE_RESOLVES and the time limit left (`deadline_s`: a re-solve starts only where its
-    whole share is left, and where that stops one the plan records it; 1,000 tables on 128 ranks
-    ran 0.7 s past the limit with the last re-solve squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
+    re-solve with the shortest step, its barrier step plus that fixed cost, while that improves
+    (and the re-solve kept closed its own gap), within MAX_TYPE_RESOLVES and the time limit left
+    (`deadline_s`: a re-solve starts only where its whole share is left, and where that stops one
+    the plan records it; 1,000 tables on 128 ranks ran 0.7 s past the limit with the last re-solve
+    squeezed into 0.05 s). Each type is tried, not only the one the fewest tables use: one hot
     table row-wise beside five table-wise ones is better all row-wise than all table-wise where
     the hot table alone outweighs the rest (mix1 of benchmarks/costmodel_bench.py, by 4% in the
     model; tiny.yaml all data-parallel, 9% measured). A re-solve no plan of which could be kept
@@ -154,41 +195,52 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     skipped two of 1.7 s each. The bound stays the first solve's: a valid bound on every plan's
     busiest rank. A re-solve's phases are balanced by exchanges alone: CP-SAT's rounds took
     0.3 s a re-solve of 100 tables on 8 ranks and shortened no step of the planner benchmark's."""
+    if not closed:
+        return solution
+    began = time.monotonic()
     resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
-    best, resolves = solution, 0
-    while closed:
-        used = Counter(o.sharding_type for o in best.assignment.choice.values())
-        best_step_ms, tried = _step_ms(best, cluster), []
-        for drop in sorted(used, key=lambda t: (used[t], t.value)) if len(used) > 1 else ():
-            allowed = set(used) - {drop}
-            if sharding_types_ms(used, cluster) - sharding_types_ms(allowed, cluster) <= TYPE_MIN_GAIN * best.max_rank_ms:
-                continue
-            options = _of_types(search.options_by_table, allowed)
-            # the first solve's bound holds for these options too; their own shard-limited one may be higher
-            rank_bound_ms = max(solution.lower_bound_ms, shard_limited_bound_ms(options, cluster.world_size))
-            if _step_bound_ms(options, cluster, rank_bound_ms) >= best_step_ms * (1 - TYPE_MIN_GAIN):
-                continue  # no plan over these options could be kept
-            if resolves == MAX_TYPE_RESOLVES:
-                break
-            if deadline_s - time.monotonic() < resolve.time_limit_s:
-                wall_clock.note("fewer sharding types")
-                break  # a re-solve starts only with its whole share left: one squeezed in ran past the limit
-            resolves += 1
-            try:
-                with progress.watched(None):  # a re-solve's bound is of its own, restricted, problem: not shown
-                    tried.append(_solve(search, options, cluster, resolve, deadline_s - time.monotonic(), rounds=False))  # its budget; the limit's ceiling
-            except InfeasiblePlanError:
-                continue
-        if not tried:
-            break
-        candidate, candidate_closed = min(tried, key=lambda pair: _step_ms(pair[0], cluster))
-        if _step_ms(candidate, cluster) >= best_step_ms * (1 - TYPE_MIN_GAIN):
-            break
-        closed = candidate_closed  # against its own, restricted, problem
-        best = replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
-                       seconds=best.seconds + sum(c.seconds for c, _ in tried))
-        progress.report(f"fewer sharding types: step {_step_ms(best, cluster):.4f} ms", best.max_rank_ms, solution.lower_bound_ms)
-    return best
+    resolves = 0
+    now = TypeTrial(_step_ms(solution, cluster), _types_used(solution.assignment.choice.values()), (solution, closed))  # the plan a round's trials would replace
+
+    def trial(allowed: set) -> TypeTrial | None | object:
+        nonlocal resolves
+        if sharding_types_ms(now.used, cluster) - sharding_types_ms(allowed, cluster) <= TYPE_MIN_GAIN * now.made[0].max_rank_ms:
+            return None  # the type's collectives cost too little to be worth a re-solve
+        options = _of_types(search.options_by_table, allowed)
+        # the first solve's bound holds for these options too; their own shard-limited one may be higher
+        rank_bound_ms = max(solution.lower_bound_ms, shard_limited_bound_ms(options, cluster.world_size))
+        if _step_bound_ms(options, cluster, rank_bound_ms) >= now.step_ms * (1 - TYPE_MIN_GAIN):
+            return None  # no plan over these options could be kept
+        if resolves == MAX_TYPE_RESOLVES:
+            return STOP
+        if deadline_s - time.monotonic() < resolve.time_limit_s:
+            wall_clock.note("fewer sharding types")
+            return STOP  # a re-solve starts only with its whole share left: one squeezed in ran past the limit
+        resolves += 1
+        try:
+            with progress.watched(None):  # a re-solve's bound is of its own, restricted, problem: not shown
+                made = _solve(search, options, cluster, resolve, deadline_s - time.monotonic(), rounds=False)  # its budget; the limit's ceiling
+        except InfeasiblePlanError:
+            return None
+        return TypeTrial(_step_ms(made[0], cluster), _types_used(made[0].assignment.choice.values()), made)
+
+    def kept(t: TypeTrial) -> bool:
+        nonlocal now
+        now = t
+        progress.report(f"fewer sharding types: step {t.step_ms:.4f} ms", t.made[0].max_rank_ms, solution.lower_bound_ms)
+        return t.made[1]  # it closed its gap, against its own, restricted, problem: it may go on
+
+    last = leave_types_out(now.used, now.step_ms, trial, kept)
+    if last is None:
+        return solution
+    candidate, _ = last.made
+    return replace(candidate, lower_bound_ms=solution.lower_bound_ms, method=candidate.method + "+fewer-types",
+                   seconds=solution.seconds + time.monotonic() - began)
+
+
+def _types_used(options) -> Counter:
+    """How many tables use each sharding type."""
+    return Counter(o.sharding_type for o in options)
 
 
 def _of_types(options_by_table: Mapping[str, Sequence[ShardingOption]], allowed: set) -> dict[str, list[ShardingOption]]:
@@ -206,12 +258,12 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
     close, and the search takes whatever types lower the busiest rank (24 tables on 64 ranks at
     5 us a peer: step 3.39 ms, where table-row-wise alone gives 1.40). So first the greedy warm
     start (TYPES_FIRST_SHARE of the work each) over every option, then over the types its plan
-    used with one left out at a time while that shortens its step. Where the set it ends at saves,
-    against every type on offer, more fixed cost than the greedy plan stands above the bound (what
-    the search could take off the busiest rank) and than TYPES_FIRST_MIN_SAVING of its step, the
-    search is over that set's options; the plan's bound is then every option's (`bound_of`), as the
-    restricted search proves a bound on its own problem only. Nothing is tried where no set of
-    types could save that much."""
+    used with one left out at a time while that shortens its step (`leave_types_out`). Where the
+    set it ends at saves, against every type on offer, more fixed cost than the greedy plan stands
+    above the bound (what the search could take off the busiest rank) and than
+    TYPES_FIRST_MIN_SAVING of its step, the search is over that set's options; the plan's bound is
+    then every option's (`bound_of`), as the restricted search proves a bound on its own problem
+    only. Nothing is tried where no set of types could save that much."""
     options = search.options_by_table
     world = cluster.world_size
     bound_ms = shard_limited_bound_ms(options, world)
@@ -219,36 +271,21 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
     if sharding_types_ms(present, cluster) - min(sharding_types_ms([t], cluster) for t in present) <= TYPES_FIRST_MIN_SAVING * bound_ms:
         return options  # no type set saves enough (a plan's step is at least the bound)
 
-    def greedy(opts: Mapping[str, Sequence[ShardingOption]]) -> tuple[float, float, set] | None:
+    def greedy(allowed: set | None) -> TypeTrial | None:
         try:
-            plan = warm_start(opts, cluster, bound_ms, config.greedy_shard_caps, deadline_s, search.rules,
-                              work.now() + work.budget(TYPES_FIRST_SHARE * config.time_limit_s))
+            plan = warm_start(options if allowed is None else _of_types(options, allowed), cluster, bound_ms, config.greedy_shard_caps,
+                              deadline_s, search.rules, work.now() + work.budget(TYPES_FIRST_SHARE * config.time_limit_s))
         except InfeasiblePlanError:
             return None
-        used = {o.sharding_type for o in plan.choice.values()}
-        peak_ms = float(RankLoads.of(plan, world).ms.max())
-        return barrier_step_ms(plan, world) + sharding_types_ms(used, cluster), peak_ms, used
+        used = _types_used(plan.choice.values())
+        return TypeTrial(barrier_step_ms(plan, world) + sharding_types_ms(used, cluster), used, float(RankLoads.of(plan, world).ms.max()))
 
-    first = greedy(options)
+    first = greedy(None)
     if first is None:
         return options
-    first_step_ms, first_peak_ms, used = first
-    best_step_ms = first_step_ms
-    while len(used) > 1:
-        tried = []
-        for drop in sorted(used, key=lambda t: t.value):
-            result = greedy(_of_types(options, used - {drop}))
-            if result is not None:
-                step_ms, _, kept = result
-                tried.append((step_ms, kept))
-        if not tried:
-            break
-        step_ms, kept = min(tried, key=lambda trial: trial[0])
-        if step_ms >= best_step_ms * (1 - TYPE_MIN_GAIN):
-            break
-        best_step_ms, used = step_ms, kept
-    saved_ms = sharding_types_ms(present, cluster) - sharding_types_ms(used, cluster)
-    return _of_types(options, used) if saved_ms > max(first_peak_ms - bound_ms, TYPES_FIRST_MIN_SAVING * first_step_ms) else options
+    last = leave_types_out(first.used, first.step_ms, greedy) or first
+    saved_ms = sharding_types_ms(present, cluster) - sharding_types_ms(last.used, cluster)
+    return _of_types(options, set(last.used)) if saved_ms > max(first.made - bound_ms, TYPES_FIRST_MIN_SAVING * first.step_ms) else options
 
 
 def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec) -> TablePlan:
