@@ -176,7 +176,7 @@ CASES = [
     ("partial node", lambda t: load_problem(config(t, BASE + "cluster: {world_size: 12}\n" + TABLE)),
      "cluster: world_size 12 is not a multiple of ranks_per_node 8; change either"),
     ("unknown hardware", lambda t: load_problem(config(t, "hardware: tpu\n" + TABLE)),
-     "unknown hardware profile 'tpu'; use one of a100_zionex, cpu_epyc_zen4, cpu_gloo, cpu_xeon_m167, cpu_xeon_m207, h100_dgx "
+     "unknown hardware profile 'tpu'; use one of a100_zionex, cpu_epyc_zen3, cpu_epyc_zen4, cpu_gloo, cpu_xeon_m167, cpu_xeon_m207, h100_dgx "
      "or a .yaml path ('dlrm-scale calibrate --name NAME' measures this machine into one)"),
     ("missing config", lambda t: load_problem(t / "nope.yaml"), "config {t}/nope.yaml does not exist; check the path"),
     ("broken YAML", lambda t: load_problem(config(t, "training:\n  batch_size_per_rank: [8\n")),

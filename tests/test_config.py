@@ -120,7 +120,7 @@ def test_named_profiles_are_found_among_the_shipped_ones_then_the_users(tmp_path
     (tmp_path / "cpu_gloo.yaml").write_text("name: a user's copy\n")
     assert hardware_path("mybox") == tmp_path / "mybox.yaml"
     assert hardware_path("cpu_gloo") == HARDWARE_DIR / "cpu_gloo.yaml"  # the shipped one wins
-    for fitted in ("cpu_xeon_m207", "cpu_xeon_m167", "cpu_epyc_zen4"):
+    for fitted in ("cpu_xeon_m207", "cpu_xeon_m167", "cpu_epyc_zen4", "cpu_epyc_zen3"):
         assert "measured_on:" in hardware_path(fitted).read_text()
     with pytest.raises(ConfigError, match=r"unknown hardware profile 'nobox'; use one of .*cpu_xeon_m207.*mybox"):
         hardware_path("nobox")
