@@ -124,9 +124,12 @@ class TrainConfig:
         if not (self.embedding_lr > 0 and self.dense_lr > 0):
             raise ConfigError("train: learning rates must be > 0")
         if self.drift_grows is not None:
-            table, factor = self.drift_grows
+            grows = self.drift_grows
+            if not (isinstance(grows, (tuple, list)) and len(grows) == 2 and isinstance(grows[0], str)
+                    and isinstance(grows[1], (int, float)) and not isinstance(grows[1], bool) and math.isfinite(grows[1]) and grows[1] > 0):
+                raise ConfigError(f"train: drift_grows must be [TABLE, FACTOR > 0] (the flag: --drift-grows TABLE=FACTOR), got {grows!r}")
             if not self.drift_at_step:
-                raise ConfigError(f"--drift-grows {table}={factor:g} applies at --drift-at STEP; add --drift-at")
+                raise ConfigError(f"--drift-grows {grows[0]}={grows[1]:g} applies at --drift-at STEP; add --drift-at")
 
 
 @dataclass(frozen=True)

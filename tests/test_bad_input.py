@@ -340,6 +340,9 @@ CASES = [
      "config: train: steps must be an integer up to 2^40, got 10.5"),
     ("learning rate not a number", lambda t: section_dataclass({"train": {"embedding_lr": float("nan")}}, "train", TrainConfig, "config"),
      "config: train: embedding_lr must be a number, got nan"),
+    ("drift_grows as the flag writes it", lambda t: section_dataclass({"train": {"drift_at_step": 5, "drift_grows": "t0=8"}}, "train",
+                                                                       TrainConfig, "config"),
+     "train: drift_grows must be [TABLE, FACTOR > 0] (the flag: --drift-grows TABLE=FACTOR), got 't0=8'"),
     ("pooling factor 1.0e300", lambda t: load_problem(tiny_with(t, "pooling_factor: 4.0", "pooling_factor: 1.0e300")),
      "table 't_large': 'pooling_factor' must be a positive number up to 2^40, got 1e+300"),
     # table CSVs

@@ -231,6 +231,7 @@ def test_a_table_grows_hot_at_the_drift_step_and_the_windows_measure_it():
     (["--drift-grows", "t_large=4"], "--drift-grows t_large=4 applies at --drift-at STEP; add --drift-at"),
     (["--drift-at", "5", "--drift-grows", "t_large"], "--drift-grows takes TABLE=FACTOR with a factor > 0, such as t0=8; got 't_large'"),
     (["--drift-at", "5", "--drift-grows", "t_large=0"], "--drift-grows takes TABLE=FACTOR with a factor > 0"),
+    (["--drift-at", "5", "--drift-grows", "t_large=inf"], "--drift-grows takes TABLE=FACTOR with a factor > 0"),
     (["--drift-at", "5", "--drift-grows", "t_huge=4"], "--drift-grows names table 't_huge', which the config does not have; name one of t_large"),
 ])
 def test_bad_retune_flags_are_one_line(flags, line, tmp_path):

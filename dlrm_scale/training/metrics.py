@@ -124,7 +124,7 @@ class WindowReport:
         dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=host_group())
         self.samples_per_s = self.samples_per_step * 1e3 / step_ms
         emb, across, ids, synced = (per_rank[:, 1 + len(PHASES) + i] for i in range(4))
-        pooling_factors = per_rank[:, 5 + len(PHASES):].mean(dim=0)  # every rank's batch is as large
+        pooling_factors = per_rank[:, 1 + len(PHASES) + 4:].mean(dim=0)  # after the four above; every rank's batch is as large
 
         def ints(values) -> list[int]:
             return [int(v) for v in values]
