@@ -56,11 +56,13 @@ def test_user_errors_never_print_tracebacks(tmp_path: Path):
 
 def test_gap_stops_the_search_once_the_plan_is_proven_within_it(tmp_path: Path):
     """Criteo-1TB on 8 ranks: at --gap 0.001 the search goes on past the warm start (the
-    class model); at --gap 0.5 the warm start's plan is within it and the search ends there."""
+    class model); at --gap 0.5 the warm start's plan is within it and the search ends there. At the
+    default limit: at 4 s, costing and the types' greedy trials (a fixed second or so on a 2-core
+    Zen 3) left a busy machine's wall clock no time for the class model."""
     default, loose = tmp_path / "default.json", tmp_path / "loose.json"
-    r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "8", "--time-limit", "4", "--gap", "0.001", "--out", str(default))
+    r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "8", "--gap", "0.001", "--out", str(default))
     assert r.returncode == 0, r.stderr
-    r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "8", "--time-limit", "4", "--gap", "0.5", "--out", str(loose))
+    r = cli("plan", "configs/criteo_terabyte.yaml", "--world-size", "8", "--gap", "0.5", "--out", str(loose))
     assert r.returncode == 0, r.stderr
     plan_default, plan_loose = Plan.load(default), Plan.load(loose)
     assert plan_default.solver.startswith("class") and plan_loose.solver.startswith("greedy") and plan_loose.gap <= 0.5
