@@ -271,7 +271,7 @@ def test_a_gain_under_the_spread_is_measured_on_and_decided_on_every_window_of_t
     assert tuner.asked == [40, 70]  # measuring from step 10: decided at 40, measured on, decided at 70
     assert [r["step"] for r in logged if "run" in r] == [10]  # one measurement for both decisions
     assert [r["retune"]["measure_on"] for r in logged if "retune" in r] == [True, False]
-    assert tuner.decisions == 2 and tuner._measuring_since is None  # watching now: steady windows start nothing
+    assert tuner.decisions == 2 and tuner._decide_at is None  # watching now: steady windows start nothing
 
 
 # ---- the move, on real ranks ---------------------------------------------------------------------
@@ -294,7 +294,7 @@ def _train(rank, world, out_dir, move_to, start="table_wise@2", die_mid_move=Fal
         def _decide(self, done, steps_left, log):
             self.decisions += 1
             self._moving = {"began": time.monotonic(), "moved_bytes": 1, "model_gib": 0.001}
-            self._measuring_since, self._watching, self.predicted_ms = None, True, 1.0
+            self._decide_at, self._watching, self.predicted_ms = None, True, 1.0
             return plan_of(move_to)
 
     if die_mid_move:  # killed with the move's checkpoint written, while the trainer is rebuilt under the new plan

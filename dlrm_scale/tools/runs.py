@@ -98,13 +98,16 @@ def _measured_pooling(metrics: Path, windows: list[tuple[int, dict]], run: RunCo
         factors = entry.get("pooling_factors")
         if factors is None:
             continue
-        if (not isinstance(factors, dict) or set(factors) != set(tables)
-                or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 for v in factors.values())):
+        if not isinstance(factors, dict) or set(factors) != set(tables) or not _non_negative_numbers(factors.values()):
             raise ConfigError(f"{metrics}:{number}: pooling_factors must give every table of the run a number >= 0; the file is damaged")
         for name, value in factors.items():
             seen.setdefault(name, []).append(float(value))
     measured = {name: statistics.median(values) for name, values in seen.items()}
     return {name: (tables[name].pooling_factor, value) for name, value in measured.items() if value > 0}
+
+
+def _non_negative_numbers(values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values)
 
 
 def _window_groups(metrics: Path, number: int, entry: dict, world: int) -> list[dict[str, float]]:
@@ -113,7 +116,6 @@ def _window_groups(metrics: Path, number: int, entry: dict, world: int) -> list[
     if not isinstance(phase_ms, dict) or set(phase_ms) != set(PHASES):
         raise ConfigError(f"{where} does not name the phases {', '.join(PHASES)}; re-run the training with this version")
     for name, values in phase_ms.items():
-        if (not isinstance(values, list) or len(values) != world
-                or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 for v in values)):
+        if not isinstance(values, list) or len(values) != world or not _non_negative_numbers(values):
             raise ConfigError(f"{where}.{name} must list {world} non-negative times, one per rank; the file is damaged")
     return [{g: sum(phase_ms[p][r] for p in members) for g, members in PHASE_GROUPS.items()} for r in range(world)]

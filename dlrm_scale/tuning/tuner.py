@@ -45,8 +45,7 @@ class Tuner:
         self.predicted_ms: float | None = None  # the refitted prediction of the running plan's step
         self._staying_ms: float | None = None  # the same, for the plan in use while a move is under way
         self._warm_until = 0  # windows before this step are neither measured nor watched
-        self._measuring_since: int | None = None  # the step the measurement began (None: not measuring)
-        self._decide_at = 0  # while measuring: the step of the next decision
+        self._decide_at: int | None = None  # while measuring, the step of the next decision (None: not measuring)
         self._watching = False  # after a decision: comparing each window with predicted_ms
         self._off = 0
         self._moving: dict | None = None  # the move under way: when it began, what it moved
@@ -56,7 +55,7 @@ class Tuner:
         """A trainer starts at `step`: the job's start, or a move's end (the move's cost is measured
         and returned as a record); either way its plan is measured after the warm-up. (After a
         refused move, see move_refused, the plan in use is watched as before.)"""
-        self._warm_until, self._measuring_since, self._off = step + self.config.warmup_steps, None, 0
+        self._warm_until, self._decide_at, self._off = step + self.config.warmup_steps, None, 0
         if self._moving is None:
             if self.cost is None and self.rank == 0:  # only rank 0 decides, so only it measures the disk
                 self.cost = MoveCost(build_s, disk_s_per_gib(self.checkpoint_dir))
@@ -78,14 +77,14 @@ class Tuner:
         a checkpoint of step `done` and stops), or None to go on."""
         if self.decisions >= self.config.times or done >= steps or done < self._warm_until:
             return None
-        if self._measuring_since is None:
+        if self._decide_at is None:
             if self._watching:  # has the job drifted from the refitted prediction?
                 off = abs(window_step_ms / self.predicted_ms - 1) > self.config.drift
                 self._off = self._off + 1 if off else 0
                 if self._off < DRIFT_WINDOWS:
                     return None
                 self._measured = []  # the job drifted: other layouts' measurements were of other data
-            self._measuring_since, self._decide_at, self._off = done, done + self.config.window_steps, 0
+            self._decide_at, self._off = done + self.config.window_steps, 0
             log({"step": done, "run": run_record})  # the measurement: the windows after this record
             return None
         if done < self._decide_at:
@@ -109,7 +108,7 @@ class Tuner:
         began = time.monotonic()
         message = self._decision(done, steps_left)
         self.decisions += 1
-        measuring_since, self._measuring_since = self._measuring_since, None
+        self._decide_at = None
         if "error" in message:
             log({"step": done, "retune": {"move": False, "why": f"no decision: {message['error']}"}})
             self._say(f"retune at step {done}: no decision ({message['error']}); going on under the plan in use")
@@ -120,7 +119,7 @@ class Tuner:
         self._say(decision.line())
         self.predicted_ms, self._staying_ms, self._watching = decision.new_predicted_ms, decision.predicted_ms, True
         if decision.measure_on:  # the same measurement goes on: the next decision reads its windows and the next ones
-            self._measuring_since, self._decide_at = measuring_since, done + self.config.window_steps
+            self._decide_at = done + self.config.window_steps
             return None
         self.profile = decision.profile  # the next fit starts from this one
         if not decision.move:
