@@ -35,6 +35,16 @@ def test_row_blocks_follow_torchrec_rule():
     # TorchRec: blocks of ceil(rows / n); trailing shards may be empty.
     assert row_blocks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
     assert row_blocks(3, 4) == [(0, 1), (1, 1), (2, 1), (3, 0)]
+    assert row_blocks(8, 4) == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert row_blocks(9, 4) == [(0, 3), (3, 3), (6, 3), (9, 0)]  # the block that would hold the rest is empty
+    assert row_blocks(0, 2) == [(0, 0), (0, 0)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 5_000), shards=st.integers(1, 1_100))
+def test_row_blocks_are_shard_i_of_ceil_rows_over_n_each(rows, shards):
+    block = -(-rows // shards)
+    assert row_blocks(rows, shards) == [(min(i * block, rows), min(block, rows - min(i * block, rows))) for i in range(shards)]
 
 
 def test_data_parallel_is_one_full_replica_per_rank():

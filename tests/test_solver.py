@@ -1,3 +1,4 @@
+import gc
 import itertools
 
 import numpy as np
@@ -136,6 +137,22 @@ def test_table_larger_than_any_rank_is_a_clear_error():
         make_plan(problem)
     msg = str(e.value)
     assert "'huge'" in msg and "bytes" in msg and "add ranks" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_costing_leaves_the_cycle_collector_as_it_found_it_even_when_it_fails(collector_on):
+    ok = make_problem([table("a"), table("b")], make_cluster(ranks_per_node=2))
+    too_big = make_problem([TableSpec("huge", 2_000_000_000, 128)], make_cluster(ranks_per_node=2, hbm_gib=8))
+    was_on = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        assert enumerate_options(ok, AnalyticCostModel(ok.cluster, ok.training))
+        assert gc.isenabled() is collector_on
+        with pytest.raises(InfeasiblePlanError):
+            enumerate_options(too_big, AnalyticCostModel(too_big.cluster, too_big.training))
+        assert gc.isenabled() is collector_on
+    finally:
+        (gc.enable if was_on else gc.disable)()
 
 
 def test_tables_that_fit_alone_but_not_together_are_a_clear_error_without_tiering():

@@ -191,10 +191,12 @@ def trace_access(name: str, batches: Sequence[np.ndarray], num_rows: int, batch_
 
 
 # ---- from a Zipf law -------------------------------------------------------------------------
+@lru_cache(maxsize=4096)
 def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 2_000, tail_bins: int = 1_000):
     """P(id = i) proportional to (i+1)^-s, as (probability, multiplicity) pairs: exact for the
     first `exact_head` rows, log-spaced bins of near-equal probability for the rest, so tables
-    of a billion rows cost as much as small ones."""
+    of a billion rows cost as much as small ones. Cached (costing asks for a table's law once
+    per sharding type), so read-only."""
     head = min(num_rows, exact_head)
     ranks = [np.arange(1, head + 1, dtype=np.float64)]
     mult = [np.ones(head)]
@@ -205,7 +207,9 @@ def zipf_row_probabilities(num_rows: int, exponent: float, exact_head: int = 2_0
         mult.append((hi - lo).astype(np.float64))
     r, m = np.concatenate(ranks), np.concatenate(mult)
     w = r ** -exponent
-    return w / np.sum(w * m), m
+    p = w / np.sum(w * m)
+    p.flags.writeable = m.flags.writeable = False
+    return p, m
 
 
 def batch_request_probability(p: np.ndarray, num_ids: float) -> np.ndarray:

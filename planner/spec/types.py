@@ -149,22 +149,29 @@ class ShardingOption:
         if len(self.geometries) != len(self.shards):
             raise ValueError(f"option for '{self.table}': {len(self.geometries)} shards but {len(self.shards)} costs")
 
-    def _per_shard(self, value) -> list:
-        """`value` of each shard, computed once per distinct cost (usually one or two; a row-wise
-        option on 1,024 ranks has 1,024 shards, so the loops over them stay in C)."""
+    @cached_property
+    def _distinct_shards(self) -> tuple[list[ShardCost], np.ndarray]:
+        """The distinct shard costs (usually one or two) and each shard's index among them: a
+        row-wise option on 1,024 ranks has 1,024 shards, so the loops over them stay in C."""
         ids = list(map(id, self.shards))
-        distinct = {i: value(s) for i, s in dict(zip(ids, self.shards)).items()}
-        return list(map(distinct.__getitem__, ids))
+        distinct = dict(zip(ids, self.shards))
+        index = dict(zip(distinct, range(len(distinct))))
+        return list(distinct.values()), np.fromiter(map(index.__getitem__, ids), dtype=np.intp, count=len(ids))
+
+    def _per_shard(self, value, dtype) -> np.ndarray:
+        """`value` of each shard, computed once per distinct cost."""
+        distinct, index = self._distinct_shards
+        return np.array(list(map(value, distinct)), dtype=dtype)[index]
 
     @cached_property
     def shard_ms(self) -> np.ndarray:
         """Step time of each shard, as an array for fast load arithmetic."""
-        return np.array(self._per_shard(lambda s: s.perf.total_ms))
+        return self._per_shard(lambda s: s.perf.total_ms, np.float64)
 
     @cached_property
     def shard_bytes(self) -> np.ndarray:
         """Bytes of each shard per tier (rows: shards, columns: TIERS)."""
-        return np.array(self._per_shard(lambda s: [s.storage.of_tier(t) for t in TIERS]), dtype=np.int64)
+        return self._per_shard(lambda s: [s.storage.of_tier(t) for t in TIERS], np.int64)
 
     @cached_property
     def every_rank_ms(self) -> float:
