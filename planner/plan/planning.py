@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from planner.search import progress, wall_clock, work
+from planner.search.collector import collector_paused
 from planner.search.assignment import RankLoads
 from planner.cost.step import rank_perf_storage
 from planner.search.candidates import enumerate_options
@@ -61,6 +62,7 @@ TYPES_FIRST_MIN_SAVING = 0.1
 TYPES_FIRST_SHARE = 0.01
 
 
+@collector_paused()
 def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, config: SolverConfig | None = None) -> Plan:
     """Cost every candidate, then solve; `config.time_limit_s` bounds the two together.
 

@@ -41,6 +41,7 @@ from ortools.graph.python import linear_sum_assignment
 
 from planner.search.assignment import Assignment, RankLoads, rank_capacities
 from planner.search.candidates import enumerate_options
+from planner.search.collector import collector_paused
 from planner.search.colocation import Colocated, colocate
 from planner.cost.cost_model import AnalyticCostModel, CostModel, rows_bytes
 from planner.views.diff import arrivals, moved_bytes, shared_block
@@ -383,6 +384,7 @@ def keeping(base: _Moves, free_tables: set[str], config: SolverConfig, seconds: 
     return align(found, base)
 
 
+@collector_paused()
 def replan(problem: PlanningProblem, old: Plan, cost_model: CostModel | None = None, config: SolverConfig | None = None,
            max_move_bytes: int | None = None) -> Front:
     """The front of (bytes moved, busiest rank) from `old` to a plan for `problem`; with

@@ -6,12 +6,11 @@ of look-alike tables), and options whose largest shard cannot fit on any rank ar
 
 from __future__ import annotations
 
-import gc
 import math
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
+from planner.search.collector import collector_paused
 from planner.spec.access_stats import TableAccess, table_access
 from planner.cost.cost_model import CostModel, OptionRequest, cached_request, rows_bytes
 from planner.spec.errors import InfeasiblePlanError
@@ -95,31 +94,13 @@ def fits_one_rank(option: ShardingOption, cluster: ClusterSpec) -> bool:
     return all(int(largest[i]) <= cluster.capacity_bytes_per_rank(tier) for i, tier in enumerate(TIERS))
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while costing builds its options. A row-wise option on 1,024
-    ranks has 1,024 shard blocks; the collector's passes over what costing builds (none of it
-    cyclic) took 2.5 of 3.8 s of 2,000 tables' option requests on 1,024 ranks."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
+@collector_paused()
 def enumerate_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:
     """Costed options per table name, in the order of `problem.tables`. Grids only as
     `grid_shard_counts` says, costed in a second round once the other options give the work bound.
 
     Raises InfeasiblePlanError naming the first table none of whose options fits on a rank.
     """
-    with _collector_paused():
-        return _costed_options(problem, cost_model)
-
-
-def _costed_options(problem: PlanningProblem, cost_model: CostModel) -> dict[str, list[ShardingOption]]:
     cluster = problem.cluster
     int8 = "int8" in (problem.training.fwd_comm_precision, problem.training.bwd_comm_precision)
     accesses = {t.name: table_access(t, problem) if worth_caching(t, problem) else None for t in problem.tables}
