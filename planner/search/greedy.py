@@ -169,7 +169,7 @@ def pack(chosen: Mapping[str, ShardingOption], cluster: ClusterSpec, rules: Rank
             raise _no_room(option, cluster, rules)
 
     free = [(option, i) for option in by_kind[Placement.ANY_RANK] for i in range(len(option.shards))]
-    by_time = sorted(free, key=lambda item: (not rules.restricts(item[0].table), -item[0].shard_ms[item[1]], item[0].table, item[1]))
+    by_time = sorted(free, key=lambda item: (not rules.restricts(item[0].table), -item[0].shard_ms_list[item[1]], item[0].table, item[1]))
     placed, stuck = _least_loaded_with_room(by_time, loads, caps, occupancy)
     if placed is None:  # time order strands big shards when memory is tight: largest (relative to room) first
         by_size = sorted(free, key=lambda item: (not rules.restricts(item[0].table),
@@ -193,22 +193,24 @@ def _least_loaded_with_room(
     # Python numbers, not arrays: a shard's check is three comparisons, which numpy makes slower
     ms, used, room = loads.ms.tolist(), loads.bytes.tolist(), caps.tolist()
     scratch = occupancy.copy()
+    ruled = bool(occupancy.rules)  # without pins or keep-apart groups every rank admits every shard
     heap = [(ms[r], r) for r in range(len(ms))]
     heapq.heapify(heap)
     placed = []
     for option, i in order:
-        need = _shard_bytes(option, i).tolist()
+        need = option.shard_bytes_list[i]
         skipped = []
         while heap:
             _, rank = heapq.heappop(heap)
-            if all(u + n <= c for u, n, c in zip(used[rank], need, room)) and scratch.admits(option.table, rank):
+            if all(u + n <= c for u, n, c in zip(used[rank], need, room)) and (not ruled or scratch.admits(option.table, rank)):
                 break
             skipped.append((ms[rank], rank))
         else:
             return None, option
         placed.append(((option, i), rank))
-        scratch.add(option.table, rank)
-        ms[rank] += float(option.shard_ms[i])
+        if ruled:
+            scratch.add(option.table, rank)
+        ms[rank] += option.shard_ms_list[i]
         used[rank] = [u + n for u, n in zip(used[rank], need)]
         heapq.heappush(heap, (ms[rank], rank))
         for entry in skipped:

@@ -174,6 +174,16 @@ class ShardingOption:
         return self._per_shard(lambda s: [s.storage.of_tier(t) for t in TIERS], np.int64)
 
     @cached_property
+    def shard_ms_list(self) -> list[float]:
+        """`shard_ms` as Python floats, for loops that take one shard at a time."""
+        return self.shard_ms.tolist()
+
+    @cached_property
+    def shard_bytes_list(self) -> list[list[int]]:
+        """`shard_bytes` as Python ints, for loops that take one shard at a time."""
+        return self.shard_bytes.tolist()
+
+    @cached_property
     def every_rank_ms(self) -> float:
         """Time the option adds to every rank, beside its shards' own (`every_rank`)."""
         return self.every_rank.total_ms
