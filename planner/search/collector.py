@@ -11,11 +11,10 @@ from typing import Iterator
 def collector_paused() -> Iterator[None]:
     """The cycle collector off inside, as it was found after (on failure too); usable as a
     decorator. Costing builds millions of objects (a row-wise option on 1,024 ranks has 1,024
-    shard blocks), none of them cyclic, and the collector's passes over them, young and then
-    over all of them as they pile up, cost more than the work: 2.5 of 3.8 s of 2,000 tables'
-    option requests on 1,024 ranks, and the greedy warm start of 1,000 tables on 128 ranks
-    took 7 s where it took 4.4 s without them (2-core Zen 3). Planning leaves no cyclic
-    garbage worth collecting early (its peak memory the same either way)."""
+    shard blocks), none of them cyclic, and the collector's passes over them as they pile up
+    cost more than building them: 2.5 of 3.8 s of 2,000 tables' option requests on 1,024 ranks,
+    and about a tenth of the warm start's time after (2-core Zen 3). Planning's peak memory is
+    the same either way."""
     was_on = gc.isenabled()
     gc.disable()
     try:
