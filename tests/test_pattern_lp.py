@@ -14,7 +14,7 @@ from planner.search.bounds import shard_limited_bound_ms
 from planner.search.cpsat import to_ticks
 from planner.spec.errors import ConfigError
 from planner.search.greedy import choose_options, pack
-from planner.search.pattern_lp import PatternLP, _best_pattern
+from planner.search.pattern_lp import PatternLP, _best_pattern, _splits, _worth_pricing
 from planner.search import work
 from planner.search.solver import SolverConfig, _LPBounds, _pattern_stage
 from planner.spec.placement_rules import RankRules
@@ -120,6 +120,26 @@ def test_the_pricing_knapsack_finds_the_best_pattern_and_its_value(seed):
     assert sum(ticks[c] * n for c, n in pattern.items()) <= cap and all(n <= limit[c] for c, n in pattern.items())
     assert sum(values[c] * n for c, n in pattern.items()) == pytest.approx(best, rel=1e-12, abs=1e-300)
     assert value == pytest.approx(best, rel=1e-12, abs=1e-300)
+
+
+def test_the_splits_left_out_of_pricing_are_in_no_best_pattern():
+    """Over every subset of the splits (brute force), on instances where the reduction leaves some
+    out: each one left out is in no subset within the cap worth the best."""
+    left_out = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        ticks = rng.integers(1, 40, 7)
+        values = rng.random(7) * ticks * rng.uniform(0.5, 1.5, 7)  # densities near each other, as duals make them
+        splits = _splits(values, ticks, rng.integers(1, 4, 7))
+        cap = int(rng.integers(20, 100))
+        kept = set(_worth_pricing(splits, cap))
+        subsets = [(sum(s[3] for s in chosen), chosen) for k in range(len(splits) + 1)
+                   for chosen in itertools.combinations(splits, k) if sum(s[2] for s in chosen) <= cap]
+        best = max(v for v, _ in subsets)
+        for split in set(splits) - kept:
+            left_out += 1
+            assert max((v for v, chosen in subsets if split in chosen), default=-1.0) < best
+    assert left_out > 0
 
 
 @pytest.mark.parametrize("setting", [{"pattern_checks": -1}, {"pattern_rounds": -1}])
