@@ -74,12 +74,14 @@ def test_a_sync_exchanges_the_rows_its_replicas_look_up_and_no_other():
     assert replication_of(plan, p, 16, SYNC_EVERY).sync_ms_per_step > within.sync_ms_per_step  # 16 span two nodes
 
 
-@pytest.mark.parametrize("peer_us", [0.0, 5.0])
+@pytest.mark.parametrize("peer_us", [0.0, 20.0])
 def test_the_planner_takes_the_group_size_whose_step_with_its_sync_is_shortest(peer_us, monkeypatch):
     """Without a per-peer latency a group only adds its sync (its ranks send as many bytes as in
-    1D): 1D. With 5 us a peer, 64-rank all-to-alls cost more than a sync every 10 steps saves.
-    The group sizes' plans are those this search made (recorded as it made them): a search the
-    wall clock stops is not repeatable, so plans made apart are not its candidates."""
+    1D): 1D. With 20 us a peer, 64-rank all-to-alls cost more than a sync every 10 steps saves
+    (32-rank groups' step with their sync 17% shorter; at 5 us a few percent, which searches the
+    wall clock cut short on a busy machine could reverse). The group sizes' plans are those this
+    search made (recorded as it made them): a search the wall clock stops is not repeatable, so
+    plans made apart are not its candidates."""
     p = problem(64, peer_us)
     searched = {}
 
