@@ -264,9 +264,9 @@ def _worth_pricing(splits: list[tuple[int, int, int, float]], cap_ticks: int) ->
     density r of the first split a greedy fill by density leaves out, any pattern is worth at most
     r x cap plus each split's value above r x its ticks, so one holding a split worth less than
     r x its ticks is worth at most that bound less the shortfall; where that is under the greedy
-    fill's value, no best pattern holds it. The best value and the pattern found are the same
-    (26 Criteo-1TB and 26 MLPerf tables' 803 pricings: all identical); the DP is a third to a
-    half shorter."""
+    fill's value, no best pattern holds it. So the best value is the same, and the pattern the DP
+    finds too unless best patterns tie (the 803 pricings of 26 Criteo-1TB and 26 MLPerf tables:
+    all identical), over a third to a half fewer splits."""
     weighted = sorted((s for s in splits if s[2] > 0), key=lambda s: -s[3] / s[2])
     room, greedy_value, ratio = cap_ticks, sum(s[3] for s in splits if s[2] == 0), None
     for s in weighted:
