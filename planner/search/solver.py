@@ -2,7 +2,8 @@
 
 Small instances go to the configuration LP (a bound that sees whole shards, and seeds) and the
 class or joint CP-SAT model (option and placement chosen together); large ones keep the best
-greedy options and repair placement with CP-SAT over a few ranks at a time. Identical tables
+greedy options, placed again by best fit under a bisected cap, and repair placement with
+CP-SAT over a few ranks at a time. Identical tables
 are costed once (candidates), identical ranks make every rank an equal target, and the bound
 is valid whichever path ran.
 """
@@ -21,6 +22,7 @@ from planner.search.cpsat import ClassModel, class_model_size, joint_model_size,
 from planner.spec.errors import ConfigError, InfeasiblePlanError
 from planner.search.greedy import choose_options, fit_memory, local_search, pack, rechoose_options, refine_by_splitting, split_stuck_table
 from planner.search.pattern_lp import PatternCheck, PatternLP
+from planner.search.phase_balance import tightest_by_phases
 from planner.spec.placement_rules import RankRules
 from planner.search.repair import repair_placement
 from planner.spec.specs import ClusterSpec
@@ -342,6 +344,9 @@ def solve(
     best = warm_start(options_by_table, cluster, bound, config.greedy_shard_caps, deadline, rules,
                       work.now() + work.budget(WARM_START_SHARE * budget))
     target = bound * (1 + config.target_gap)
+    small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
+    if not small:  # no class model will place the shards: best fit under a cap, where LPT strands big shards
+        best = tightest_by_phases(best, cluster, rules, bound, deadline)
     progress.report("warm start", _peak(best, world), bound)
     if _peak(best, world) > target:
         best = rechoose_options(options_by_table, best, cluster, deadline, rules, target, work.now() + work.budget(RECHOOSE_SHARE * budget))
@@ -349,7 +354,6 @@ def solve(
     progress.report("greedy", best_peak, bound)
     class_placed = False  # the class model leaves memory out; when it could not place its counts, try the joint model
     lp = None
-    small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
     if best_peak > target and small and not wall_clock.passed(deadline, "configuration LP"):
         # The LP's checks (pattern_checks of pattern_rounds) and the seeds it rounds (PATTERN_SHARE
         # of the work): on 26 MLPerf tables on 32 ranks the LP's seeds and checks found the best
