@@ -346,7 +346,7 @@ def solve(
     target = bound * (1 + config.target_gap)
     small = class_model_size(options_by_table, cluster, unit_ms) <= config.class_model_max_variables
     if not small:  # no class model will place the shards: best fit under a cap, where LPT strands big shards
-        best = tightest_by_phases(best, cluster, rules, bound, deadline)
+        best = tightest_by_phases(best, cluster, rules, bound, target, deadline)
     progress.report("warm start", _peak(best, world), bound)
     if _peak(best, world) > target:
         best = rechoose_options(options_by_table, best, cluster, deadline, rules, target, work.now() + work.budget(RECHOOSE_SHARE * budget))
