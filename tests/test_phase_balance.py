@@ -234,3 +234,19 @@ def test_a_tight_placement_finds_what_lpt_strands(seed, target_ms, greedy_ms, ti
     assert RankLoads.of(greedy, 16).ms.max() == pytest.approx(greedy_ms, abs=1e-3)
     assert RankLoads.of(tight, 16).ms.max() == pytest.approx(tight_ms, abs=1e-3)
     assert tight.choice == greedy.choice
+
+
+@pytest.mark.parametrize("target_ms, tight_ms", [(10.3, 10.259), (10.0, 11.224)])
+def test_past_the_wall_clock_a_tight_placement_tries_the_target_alone(target_ms, tight_ms):
+    """With the deadline gone, one try: at the target, kept where it fits (10.3 ms), the plan as
+    it was where it does not (10.0), where bisecting on would have found 10.162."""
+    from planner.search import wall_clock
+    from planner.search.greedy import local_search, pack
+    from planner.search.phase_balance import tightest_by_phases
+
+    cluster = make_cluster(ranks_per_node=16)
+    greedy = local_search(pack(few_big_tables(10), cluster), cluster)
+    with wall_clock.recorded() as stops:
+        tight = tightest_by_phases(greedy, cluster, RankRules(), 10.0, target_ms, time.monotonic() - 1)
+    assert RankLoads.of(tight, 16).ms.max() == pytest.approx(tight_ms, abs=1e-3)
+    assert ("tight placement" in stops) == (target_ms == 10.0)

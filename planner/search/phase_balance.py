@@ -56,8 +56,7 @@ def barrier_step_ms(assignment: Assignment, world_size: int) -> float:
 def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, budget_s: float, deadline_s: float,
                    seed: int = 0, rules: RankRules = RankRules(), rounds: bool = True) -> Assignment:
     """`assignment` with its free (any-rank) shards re-placed to shorten the barrier step:
-    exchanges (shorten_by_exchanges, EXCHANGE_WORK_SHARE of the budget in counted work) from it
-    and from a placement made for the step (best_fit_by_phases), the shorter kept, then
+    exchanges (shorten_by_exchanges, EXCHANGE_WORK_SHARE of the budget in counted work), then
     CP-SAT a few ranks at a time, each rank's total at most `cap_ms` (or the busiest rank's as
     it was, if more); memory and the placement rules kept. Options, spread and node-bound
     shards stay. `rounds`: whether the CP-SAT rounds follow. A round is kept only when the
@@ -72,15 +71,7 @@ def balance_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: float, 
     rng = np.random.default_rng(seed)
     peak_ms = max(cap_ms, float(RankLoads.of(assignment, world).ms.max()))
     unit_ms = peak_ms / TICKS_PER_PEAK
-    # Exchanges from the placement as it is and from one made for the step, the shorter kept:
-    # either can end the shorter (a re-solve of 100 tables on 8 ranks: the first, 7.97 ms against
-    # 8.00; 2,000 tables on 1,024 ranks: the second, 9.5 against 11.0)
-    repacked = best_fit_by_phases(assignment, cluster, peak_ms, rules)
     shorten_by_exchanges(assignment, cluster, peak_ms, deadline_s, rules, work.now() + work.budget(EXCHANGE_WORK_SHARE * budget_s))
-    if repacked is not None:
-        shorten_by_exchanges(repacked, cluster, peak_ms, deadline_s, rules, work.now() + work.budget(EXCHANGE_WORK_SHARE * budget_s))
-    if repacked is not None and barrier_step_ms(repacked, world) < barrier_step_ms(assignment, world):
-        assignment.shard_ranks.update(repacked.shard_ranks)
     stale, spent_s = 0, 0.0
     while rounds and stale < STALE_ROUNDS and spent_s < budget_s:
         if wall_clock.passed(deadline_s, "phase balance"):
@@ -113,9 +104,7 @@ def best_fit_by_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: flo
     groups before the rest), each onto the rank where it lengthens the step least (how far it
     takes the rank past each phase's busiest rank so far, summed), the fullest of those: each
     rank's total at most `cap_ms`, memory and the placement rules kept. None where a shard finds
-    no rank. Exchanges move one or two shards at a time from a placement made for the busiest
-    rank alone; this one is made for the step (synthetic 2,000 tables on 1,024 ranks: the
-    greedy plan's embeddings' step 11.0 ms, placed again 9.6, its busiest rank lower too)."""
+    no rank. LPT's placement is made for the busiest rank alone, this one for the step too."""
     world = cluster.world_size
     shards = _FreeShards(assignment.copy(), cluster, rules)
     if not shards.items:
@@ -163,13 +152,13 @@ def tightest_by_phases(assignment: Assignment, cluster: ClusterSpec, rules: Rank
     peak_ms = float(RankLoads.of(assignment, cluster.world_size).ms.max())
     cap_ms = target_ms
     while peak_ms > target_ms and peak_ms - floor_ms > tolerance * peak_ms:
+        if cap_ms != target_ms and wall_clock.passed(deadline_s, "tight placement"):
+            break
         placed = best_fit_by_phases(assignment, cluster, cap_ms, rules)
         if placed is None:
             floor_ms = max(floor_ms, cap_ms)
         else:
             best, peak_ms = placed, float(RankLoads.of(placed, cluster.world_size).ms.max())
-        if wall_clock.passed(deadline_s, "tight placement"):
-            break
         cap_ms = (floor_ms + peak_ms) / 2
     return best
 
