@@ -83,7 +83,7 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
             stops.clear()  # of the attempt that plans
             try:
                 search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
-                options = types_first(search, problem.cluster, config, start + config.time_limit_s)
+                options, shortest = types_first(search, problem.cluster, config, start + config.time_limit_s)
                 left = max(config.time_limit_s - (time.monotonic() - start), MIN_SOLVER_SHARE * config.time_limit_s)
                 if options is search.options_by_table:
                     solution, closed = _solve(search, options, problem.cluster, config, left)
@@ -96,6 +96,7 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
                     solution = replace(solution, lower_bound_ms=bound_ms, method=solution.method + "+types-first")
                     closed = solution.gap <= config.target_gap
                 solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s)
+                solution = _no_longer_than(solution, shortest, search, problem.cluster)
                 break
             except InfeasiblePlanError:
                 if i == len(attempts) - 1:
@@ -123,6 +124,19 @@ def _solve(search: Colocated, options_by_table: Mapping[str, Sequence[ShardingOp
     changed = barrier_step_ms(balanced, world) < before_ms
     return replace(solution, assignment=search.expand(balanced), max_rank_ms=float(RankLoads.of(balanced, world).ms.max()),
                    method=solution.method + ("+phases" if changed else "")), solution.gap <= config.target_gap
+
+
+def _no_longer_than(solution: Solution, trial: TypeTrial | None, search: Colocated, cluster: ClusterSpec) -> Solution:
+    """`solution`, or the greedy plan of `types_first`'s trial where that has the shorter step by
+    TYPE_MIN_GAIN. The search minimises the busiest rank and weighs the types' fixed cost and the
+    phases only after a solve that closed its gap, so one that did not close could return a longer
+    step than a plan the planner had made before it, and a longer time limit a longer step (24
+    tables on 64 ranks: 1.044 ms at 1-4 s, where the greedy over two sharding types gave 0.956)."""
+    if trial is None or trial.step_ms >= _step_ms(solution, cluster) * (1 - TYPE_MIN_GAIN):
+        return solution
+    placed = search.expand(trial.made)
+    return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()),
+                   method="greedy+types-first")
 
 
 def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
@@ -156,8 +170,12 @@ def leave_types_out(used: Counter, step_ms: float, trial: Callable[[set], TypeTr
     """The descent over sharding types both `types_first` and `fewer_sharding_types` take: each
     round, `trial` with each type `used` left out in turn (the type the fewest tables use first),
     and the trial of shortest step kept while it shortens the step by TYPE_MIN_GAIN and `go_on`
-    says so. `trial` answers a TypeTrial, None (nothing to try there) or STOP. Returns the last
-    trial kept, or None."""
+    says so. `trial` answers a TypeTrial, None (nothing to try there) or STOP. A trial whose plan
+    uses a type the plan it descends from does not (a table with no option of the types left keeps
+    all of its own) is no descent: kept, it would bring back the types left out before it, and the
+    descent would go round in circles, ending at every type (24 tables on 64 ranks: the types left
+    out in one round came back in the next, and the search then ran over every type, its step 9%
+    longer than over the two the first round kept). Returns the last trial kept, or None."""
     kept = None
     while len(used) > 1:
         tried = []
@@ -165,7 +183,7 @@ def leave_types_out(used: Counter, step_ms: float, trial: Callable[[set], TypeTr
             answer = trial(set(used) - {drop})
             if answer is STOP:
                 break
-            if answer is not None:
+            if answer is not None and set(answer.used) <= set(used):
                 tried.append(answer)
         if not tried:
             break
@@ -250,9 +268,12 @@ def _of_types(options_by_table: Mapping[str, Sequence[ShardingOption]], allowed:
     return {t: [o for o in opts if o.sharding_type in allowed] or list(opts) for t, opts in options_by_table.items()}
 
 
-def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, deadline_s: float) -> Mapping[str, Sequence[ShardingOption]]:
+def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig,
+                deadline_s: float) -> tuple[Mapping[str, Sequence[ShardingOption]], TypeTrial | None]:
     """The options the search should choose among: all of them, or those of fewer sharding types
-    where their collectives' fixed cost matters more than the busiest rank the search minimises.
+    where their collectives' fixed cost matters more than the busiest rank the search minimises;
+    and the greedy plan of shortest step its trials made (None where it tried none), which the
+    plan returned is never longer than (`make_plan`).
 
     Each type a plan uses adds a fixed cost to every rank's step (cost_model.sharding_types_ms),
     which `fewer_sharding_types` weighs only after a solve that closed its gap. With per-peer
@@ -271,7 +292,7 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
     bound_ms = shard_limited_bound_ms(options, world)
     present = {o.sharding_type for opts in options.values() for o in opts}
     if sharding_types_ms(present, cluster) - min(sharding_types_ms([t], cluster) for t in present) <= TYPES_FIRST_MIN_SAVING * bound_ms:
-        return options  # no type set saves enough (a plan's step is at least the bound)
+        return options, None  # no type set saves enough (a plan's step is at least the bound)
 
     def greedy(allowed: set | None) -> TypeTrial | None:
         try:
@@ -280,14 +301,15 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig, d
         except InfeasiblePlanError:
             return None
         used = _types_used(plan.choice.values())
-        return TypeTrial(barrier_step_ms(plan, world) + sharding_types_ms(used, cluster), used, float(RankLoads.of(plan, world).ms.max()))
+        return TypeTrial(barrier_step_ms(plan, world) + sharding_types_ms(used, cluster), used, plan)
 
     first = greedy(None)
     if first is None:
-        return options
+        return options, None
     last = leave_types_out(first.used, first.step_ms, greedy) or first
     saved_ms = sharding_types_ms(present, cluster) - sharding_types_ms(last.used, cluster)
-    return _of_types(options, set(last.used)) if saved_ms > max(first.made - bound_ms, TYPES_FIRST_MIN_SAVING * first.step_ms) else options
+    above_ms = float(RankLoads.of(first.made, world).ms.max()) - bound_ms  # what the search could take off the busiest rank
+    return (_of_types(options, set(last.used)) if saved_ms > max(above_ms, TYPES_FIRST_MIN_SAVING * first.step_ms) else options), last
 
 
 def option_layout(option: ShardingOption, ranks: Sequence[int], table: TableSpec) -> TablePlan:
