@@ -236,6 +236,28 @@ def test_a_tight_placement_finds_what_lpt_strands(seed, target_ms, greedy_ms, ti
     assert tight.choice == greedy.choice
 
 
+def test_a_tight_placement_ends_by_itself_where_the_busiest_rank_cannot_fall():
+    """A row-wise table whose block on rank 0 alone takes 20 ms (its shards are not free to move),
+    beside the few big tables: rank 0 is the busiest whatever the free shards do, so no cap lowers
+    it, and the bisection ends on its own, not on the wall clock (a placement that fits a cap but
+    is no lower was taken, and the same cap asked again until the deadline)."""
+    from planner.search import wall_clock
+    from planner.search.greedy import local_search, pack
+    from planner.search.phase_balance import tightest_by_phases
+
+    world = 16
+    hot, cool = Perf(fwd_compute_ms=10.0, bwd_compute_ms=10.0), Perf(fwd_compute_ms=0.05, bwd_compute_ms=0.05)
+    row_wise = ShardingOption("rw", ShardingType.ROW_WISE, "fused", "hbm", tuple(ShardGeometry(r * 100, 0, 100, 8) for r in range(world)),
+                              tuple(ShardCost(hot if r == 0 else cool, Storage(hbm_bytes=3200)) for r in range(world)))
+    cluster = make_cluster(ranks_per_node=world)
+    greedy = local_search(pack({**few_big_tables(10), "rw": row_wise}, cluster), cluster)
+    assert greedy.shard_ranks["rw"] == list(range(world)) and RankLoads.of(greedy, world).ms.max() == pytest.approx(20.0)
+    with wall_clock.recorded() as stops:
+        tight = tightest_by_phases(greedy, cluster, RankRules(), 10.0, 10.3, time.monotonic() + 10)
+    assert "tight placement" not in stops
+    assert RankLoads.of(tight, world).ms.max() == pytest.approx(20.0)
+
+
 @pytest.mark.parametrize("target_ms, tight_ms", [(10.3, 10.259), (10.0, 11.224)])
 def test_past_the_wall_clock_a_tight_placement_tries_the_target_alone(target_ms, tight_ms):
     """With the deadline gone, one try: at the target, kept where it fits (10.3 ms), the plan as

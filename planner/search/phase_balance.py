@@ -13,6 +13,7 @@ exchanges of shards between ranks first, then CP-SAT over a few ranks at a time.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -146,7 +147,11 @@ def tightest_by_phases(assignment: Assignment, cluster: ClusterSpec, rules: Rank
     rank). The same options, a lower busiest rank and a placement made for the step. With two or
     three shards a rank, as on many ranks, LPT and moves off the busiest rank strand big shards
     on ranks already half full (2,000 tables on 1,024 ranks: 3.7% above the bound, placed again
-    under 1% at the first try, the embeddings' step 11.0 -> 9.7 ms). The wall-clock `deadline_s`
+    under 1% at the first try, the embeddings' step 11.0 -> 9.7 ms). A cap whose placement is no
+    lower counts as one without room: the busiest rank's shards may not be free to move (a
+    row-wise table's block on every rank), and bisecting under a busiest rank that cannot fall
+    would ask the same cap again until the wall clock stopped it (MLPerf's DCNv2 tables on 4,096
+    ranks: 8 s of tries, then no time for the rest of the search). The wall-clock `deadline_s`
     stops the tries after the first."""
     best = assignment
     peak_ms = float(RankLoads.of(assignment, cluster.world_size).ms.max())
@@ -155,10 +160,11 @@ def tightest_by_phases(assignment: Assignment, cluster: ClusterSpec, rules: Rank
         if cap_ms != target_ms and wall_clock.passed(deadline_s, "tight placement"):
             break
         placed = best_fit_by_phases(assignment, cluster, cap_ms, rules)
-        if placed is None:
-            floor_ms = max(floor_ms, cap_ms)
+        placed_ms = float(RankLoads.of(placed, cluster.world_size).ms.max()) if placed is not None else math.inf
+        if placed_ms < peak_ms:
+            best, peak_ms = placed, placed_ms
         else:
-            best, peak_ms = placed, float(RankLoads.of(placed, cluster.world_size).ms.max())
+            floor_ms = max(floor_ms, cap_ms)
         cap_ms = (floor_ms + peak_ms) / 2
     return best
 
