@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from planner.search import progress, wall_clock, work
 from planner.search.collector import collector_paused
-from planner.search.assignment import RankLoads
+from planner.search.assignment import Assignment, RankLoads
 from planner.cost.step import rank_perf_storage
 from planner.search.candidates import enumerate_options
 from planner.cost.capacity import check_capacity
@@ -103,7 +103,7 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
                     raise
         solution = replace(solution, method=wall_clock.described(solution.method, stops))
     step_bound_ms = _step_bound_ms(search.options_by_table, problem.cluster, solution.lower_bound_ms)
-    plan = plan_from_solution(solution, problem, cost_model.name, (_step_ms(solution, problem.cluster), step_bound_ms))
+    plan = plan_from_solution(solution, problem, cost_model.name, (_step_ms(solution.assignment, problem.cluster), step_bound_ms))
     check_capacity([r.memory for r in plan.ranks], problem.cluster)
     return plan
 
@@ -132,18 +132,18 @@ def _no_longer_than(solution: Solution, trial: TypeTrial | None, search: Colocat
     phases only after a solve that closed its gap, so one that did not close could return a longer
     step than a plan the planner had made before it, and a longer time limit a longer step (24
     tables on 64 ranks: 1.044 ms at 1-4 s, where the greedy over two sharding types gave 0.956)."""
-    if trial is None or trial.step_ms >= _step_ms(solution, cluster) * (1 - TYPE_MIN_GAIN):
+    if trial is None or trial.step_ms >= _step_ms(solution.assignment, cluster) * (1 - TYPE_MIN_GAIN):
         return solution
     placed = search.expand(trial.made)
     return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()),
                    method="greedy+types-first")
 
 
-def _step_ms(solution: Solution, cluster: ClusterSpec) -> float:
-    """The step the plan's embeddings take (each phase waits for its busiest rank) plus the
-    fixed cost of the sharding types it uses."""
-    return (barrier_step_ms(solution.assignment, cluster.world_size)
-            + sharding_types_ms((o.sharding_type for o in solution.assignment.choice.values()), cluster))
+def _step_ms(assignment: Assignment, cluster: ClusterSpec) -> float:
+    """The step a plan's embeddings take (each phase waits for its busiest rank) plus the fixed
+    cost of the sharding types it uses."""
+    return (barrier_step_ms(assignment, cluster.world_size)
+            + sharding_types_ms((o.sharding_type for o in assignment.choice.values()), cluster))
 
 
 def _step_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, rank_bound_ms: float) -> float:
@@ -220,7 +220,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     began = time.monotonic()
     resolve = replace(config, time_limit_s=config.time_limit_s * TYPE_RESOLVE_SHARE)
     resolves = 0
-    now = TypeTrial(_step_ms(solution, cluster), _types_used(solution.assignment.choice.values()), (solution, closed))  # the plan a round's trials would replace
+    now = TypeTrial(_step_ms(solution.assignment, cluster), _types_used(solution.assignment.choice.values()), (solution, closed))  # the plan a round's trials would replace
 
     def trial(allowed: set) -> TypeTrial | None | object:
         nonlocal resolves
@@ -242,7 +242,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
                 made = _solve(search, options, cluster, resolve, deadline_s - time.monotonic(), rounds=False)  # its budget; the limit's ceiling
         except InfeasiblePlanError:
             return None
-        return TypeTrial(_step_ms(made[0], cluster), _types_used(made[0].assignment.choice.values()), made)
+        return TypeTrial(_step_ms(made[0].assignment, cluster), _types_used(made[0].assignment.choice.values()), made)
 
     def kept(t: TypeTrial) -> bool:
         nonlocal now
@@ -300,8 +300,7 @@ def types_first(search: Colocated, cluster: ClusterSpec, config: SolverConfig,
                               deadline_s, search.rules, work.now() + work.budget(TYPES_FIRST_SHARE * config.time_limit_s))
         except InfeasiblePlanError:
             return None
-        used = _types_used(plan.choice.values())
-        return TypeTrial(barrier_step_ms(plan, world) + sharding_types_ms(used, cluster), used, plan)
+        return TypeTrial(_step_ms(plan, cluster), _types_used(plan.choice.values()), plan)
 
     first = greedy(None)
     if first is None:

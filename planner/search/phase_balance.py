@@ -122,7 +122,7 @@ def best_fit_by_phases(assignment: Assignment, cluster: ClusterSpec, cap_ms: flo
         work.tick(world)
         table, index = shards.items[s]
         fits = (totals + shards.ms[s].sum() <= cap_ms * (1 + 1e-9)) & np.all(used + shards.bytes[s] <= caps, axis=1)
-        if rules.restricts(table):
+        if restricted[s]:
             fits &= np.fromiter((occupancy.admits(table, r) for r in range(world)), bool, world)
         if not fits.any():
             return None
