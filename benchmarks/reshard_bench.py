@@ -82,7 +82,7 @@ def _worker(out: Path, rounds: int) -> None:
         return model, ebc
 
     def fingerprint(model) -> list[float]:
-        """Per table, the sums of its weights and of its optimizer state, over the ranks holding them."""
+        """The sum of each entry of the state (a table's weights, its optimizer state), over the ranks holding it."""
         local = {}
         for prefix, state in (("", model.state_dict()), ("optimizer ", model.fused_optimizer.state_dict()["state"])):
             for key, value in state.items():
@@ -97,7 +97,7 @@ def _worker(out: Path, rounds: int) -> None:
                 merged[key] = merged.get(key, 0.0) + value
         return [merged[k] for k in sorted(merged)]
 
-    def through_torchrec(_path: Path) -> tuple[float, list[float]]:
+    def through_torchrec() -> tuple[float, list[float]]:
         model, ebc = trained(BEFORE)
         start = time.perf_counter()
         model.reshard({"ebc": (0.0, {"t0": plan_of(ebc, AFTER)["t0"]})})
@@ -119,11 +119,11 @@ def _worker(out: Path, rounds: int) -> None:
         return time.perf_counter() - start, fingerprint(model)
 
     results = []
-    ways = [("torchrec", through_torchrec), ("checkpoint", through_checkpoint)]
     for r in range(rounds):
         path = out.parent / f"checkpoint_{r}"
+        ways = [("torchrec", through_torchrec), ("checkpoint", lambda: through_checkpoint(path))]
         for name, way in (ways if r % 2 == 0 else ways[::-1]):
-            seconds, prints = way(path)
+            seconds, prints = way()
             gc.collect()
             results.append({"round": r, "way": name, "seconds": seconds, "fingerprint": prints})
         dist.barrier()
