@@ -8,7 +8,9 @@ event brackets (framework code between stages, the loop's own bookkeeping).
 
 What each phase holds (CPU, gloo, TrainPipelineSparseDist):
 - data: taking the next batch (with a Prefetcher: only the wait for it).
-- input_dist: launching and waiting for the next batch's id all-to-all.
+- input_dist: the id all-to-all: launching the next batch's and waiting for it, and, in the
+  forward until the first lookup, waiting for this batch's ids (the pipeline launches their
+  values' all-to-all after the previous forward; without it the forward runs the whole input dist).
 - emb_fwd: the embedding lookups; a2a_fwd: launching the pooled-embedding all-to-all and
   waiting for it (the pooled embeddings of every rank, reshaped).
 - dense_fwd: bottom MLP, interaction, top MLP, loss.
@@ -70,6 +72,18 @@ def instrument(model: torch.nn.Module, timer: PhaseTimer) -> None:
     def lap_before(phase: str):
         return lambda *_: timer.lap(phase)
 
+    ids_in = [False]  # this step's forward has reached its first lookup: its ids are here
+
+    def sparse_start(*_):
+        timer.lap("rest")
+        ids_in[0] = False
+
+    def lookup_start(*_):
+        # before the first lookup: this batch's ids (the model's input dist); before the others: the
+        # last lookup's output all-to-all, launched
+        timer.lap("a2a_fwd" if ids_in[0] else "input_dist")
+        ids_in[0] = True
+
     def sparse_done(_module, _inputs, output):
         timer.lap("a2a_fwd")
         if isinstance(output, torch.Tensor) and output.requires_grad:  # not while the pipeline traces the model
@@ -83,10 +97,10 @@ def instrument(model: torch.nn.Module, timer: PhaseTimer) -> None:
 
     dense_arch.register_forward_pre_hook(lap_before("rest"))
     dense_arch.register_forward_hook(lap_before("dense_fwd"))
-    sparse_arch.register_forward_pre_hook(lap_before("rest"))
+    sparse_arch.register_forward_pre_hook(sparse_start)
     sparse_arch.register_forward_hook(sparse_done)
     for lookup in ebc._lookups:  # noqa: SLF001 - TorchRec keeps its lookups here; no public handle
-        lookup.register_forward_pre_hook(lap_before("a2a_fwd"))
+        lookup.register_forward_pre_hook(lookup_start)
         lookup.register_forward_hook(lookup_done)
     inter_arch.register_forward_hook(lap_before("dense_fwd"))
     over_arch.register_forward_hook(lap_before("dense_fwd"))
