@@ -60,7 +60,9 @@ def write_result(path: str | Path, doc: dict[str, Any]) -> None:
 def _cpu_kernels_built() -> None:
     """dlrm_scale's CPU extension built (or found built) before a job is timed: the first job to
     load it from a checkout at another path than the last build's compiles every source, 60 s of
-    a 2-core machine that its wall time would count."""
+    a 2-core machine that its wall time would count. Its include paths are the interpreter's, so
+    this finds the jobs' build only when run by the virtual environment's python by the path the
+    jobs' torchrun takes (a symlinked copy of it builds again)."""
     from dlrm_scale.kernels.cpu_extension import built
 
     built()

@@ -72,17 +72,19 @@ def instrument(model: torch.nn.Module, timer: PhaseTimer) -> None:
     def lap_before(phase: str):
         return lambda *_: timer.lap(phase)
 
-    ids_in = [False]  # this step's forward has reached its first lookup: its ids are here
+    ids_in = False  # this step's forward has reached its first lookup: its ids are here
 
     def sparse_start(*_):
+        nonlocal ids_in
         timer.lap("rest")
-        ids_in[0] = False
+        ids_in = False
 
     def lookup_start(*_):
         # before the first lookup: this batch's ids (the model's input dist); before the others: the
         # last lookup's output all-to-all, launched
-        timer.lap("a2a_fwd" if ids_in[0] else "input_dist")
-        ids_in[0] = True
+        nonlocal ids_in
+        timer.lap("a2a_fwd" if ids_in else "input_dist")
+        ids_in = True
 
     def sparse_done(_module, _inputs, output):
         timer.lap("a2a_fwd")
