@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlrm_scale.kernels.cpu_extension import built as cpu_kernels_built
 from dlrm_scale.run_config import this_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,22 +56,15 @@ def write_result(path: str | Path, doc: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps({"provenance": provenance(), **rest}, indent=1) + "\n")
 
 
-@functools.cache
-def _cpu_kernels_built() -> None:
-    """dlrm_scale's CPU extension built (or found built) before a job is timed: the first job to
-    load it from a checkout at another path than the last build's compiles every source, 60 s of
-    a 2-core machine that its wall time would count. Its include paths are the interpreter's, so
-    this finds the jobs' build only when run by the virtual environment's python by the path the
-    jobs' torchrun takes (a symlinked copy of it builds again)."""
-    from dlrm_scale.kernels.cpu_extension import built
-
-    built()
-
-
 def train_job(args: list[str], out: Path) -> tuple[float, list[dict]]:
     """`dlrm-scale train` on 2 ranks as a user runs it, with `args` and its --out-dir `out`: its
     wall time, start to exit, and the records of its metrics.jsonl; one line if it fails."""
-    _cpu_kernels_built()
+    # dlrm_scale's CPU extension built (or found built; the module keeps it) before the clock starts:
+    # the first job to load it from a checkout at another path than the last build's compiles every
+    # source, 60 s of a 2-core machine. Its include paths are the interpreter's, so this finds the
+    # jobs' build only when run by the virtual environment's python by the path the jobs' torchrun
+    # takes (a symlinked copy of it builds again).
+    cpu_kernels_built()
     cmd = [sys.executable, "-m", "dlrm_scale.cli", "train", "--nproc-per-node", "2", *args, "--out-dir", str(out)]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
