@@ -190,6 +190,61 @@ def test_the_step_bound_is_the_least_over_sets_of_sharding_types():
     assert step_lower_bound_ms(options, 2, 1.0, lambda types: sum(fixed[t] for t in types)) == pytest.approx(15.0)
 
 
+def _one_shard_option(name, sharding_type, shard_ms):
+    cost = ShardCost(Perf(fwd_compute_ms=shard_ms), Storage())
+    return ShardingOption(name, sharding_type, "fused", "hbm", (ShardGeometry(0, 0, 100, 8),), (cost,))
+
+
+def test_the_step_bound_takes_each_set_of_types_own_bounds():
+    """The two tables above, with a third option each: whole on one rank, 5 ms. Fixed costs: the
+    sharded type 10 ms, replicas 1, whole tables 3. Replicas and whole tables together would be
+    1 ms (the bound over every option) + 4; their options alone carry at least 5 ms a rank (a whole
+    table each, or 6 of replicas), so 5 + 4 = 9, and replicas alone, 6 + 1 = 7, is the least.
+    A search over the whole tables' options that proved their busiest rank at least 8 ms bounds
+    every set within them: whole tables alone 8 + 3; one over every type, at 9 ms, every set."""
+    cw, dp, tw = ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE
+    options = {t: [_option(t, cw, 1.0), _option(t, dp, 3.0), _one_shard_option(t, tw, 5.0)] for t in "ab"}
+    fixed = {cw: 10.0, dp: 1.0, tw: 3.0}
+
+    def types_ms(types):
+        return sum(fixed[t] for t in types)
+
+    assert step_lower_bound_ms(options, 2, 1.0, types_ms) == pytest.approx(7.0)
+    fixed[dp] = 9.0  # replicas dearer: whole tables alone, 5 + 3, are the least
+    assert step_lower_bound_ms(options, 2, 1.0, types_ms) == pytest.approx(8.0)
+    assert step_lower_bound_ms(options, 2, 1.0, types_ms, {frozenset({tw}): 8.0}) == pytest.approx(11.0)  # 8 + 3; replicas 6 + 9 = 15
+    assert step_lower_bound_ms(options, 2, 1.0, types_ms, {frozenset({cw, dp, tw}): 9.0}) == pytest.approx(12.0)  # 9 + 3
+
+
+def test_the_step_bound_sweeps_only_the_sets_that_could_be_least():
+    """Against the definition, every set of types with its own sweep: random options of up to four
+    types over six tables on three ranks, some sets' bounds proven."""
+    import itertools
+    import random
+
+    from planner.search.bounds import shard_limited_bound_ms
+
+    rng = random.Random(7)
+    kinds = [ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.ROW_WISE]
+    for _ in range(30):
+        options = {}
+        for t in "abcdef":
+            offered = rng.sample(kinds, rng.randint(1, 4))
+            options[t] = [(_option if rng.random() < 0.5 else _one_shard_option)(t, k, rng.uniform(0.5, 6.0)) for k in offered]
+        fixed = {k: rng.uniform(0.0, 4.0) for k in kinds}
+        proven = {frozenset(rng.sample(kinds, rng.randint(1, 4))): rng.uniform(1.0, 9.0) for _ in range(rng.randint(0, 2))}
+        rank_ms = shard_limited_bound_ms(options, 3)
+        every = []
+        for size in range(1, 5):
+            for subset in itertools.combinations(kinds, size):
+                only = {t: [o for o in opts if o.sharding_type in subset] for t, opts in options.items()}
+                if all(only.values()):
+                    within = [ms for types, ms in proven.items() if types >= set(subset)]
+                    every.append(max([rank_ms, *within, shard_limited_bound_ms(only, 3)]) + sum(fixed[k] for k in subset))
+        got = step_lower_bound_ms(options, 3, rank_ms, lambda types: sum(fixed[k] for k in types), proven)
+        assert got == pytest.approx(min(every))
+
+
 def test_the_summary_reports_the_gap_of_the_step_the_search_minimised():
     """tiny.yaml goes all data-parallel (one all-reduce instead of three all-to-alls): its
     busiest rank is far above the busiest-rank bound, but its step is proven optimal."""

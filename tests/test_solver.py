@@ -379,6 +379,37 @@ def test_where_collectives_cost_more_than_the_busiest_rank_the_types_are_chosen_
     assert planning.types_first(search, free.cluster, config, float("inf")) == (search.options_by_table, None)
 
 
+def test_fewer_types_proven_shorter_than_any_plan_using_another_are_the_whole_search(monkeypatch):
+    """Criteo-1TB on 8 ranks, our cost model: each sharding type a plan uses adds its collectives'
+    fixed cost, and the types' greedy trials end at data-parallel and table-wise without choosing
+    them. Searched first, their plan's step is proven within the gap against every plan: those
+    over the two types by that search's own bound, those using column- or row-wise by their
+    types' fixed cost on their options' bound; the search over every option is left out. The plan
+    is the one that search and its fewer-types re-solves make, and its step bound holds for the
+    plans each set of one or two types makes alone."""
+    from benchmarks.workloads import workload
+    from planner.plan import planning
+
+    p = workload("criteo_terabyte", 26, 8)
+    config = SolverConfig(time_limit_s=10.0)
+    plan = make_plan(p, config=config)
+    assert "types-first" in plan.solver and "fewer-types" not in plan.solver and plan.step_gap <= config.target_gap
+    monkeypatch.setattr(planning, "_fewer_types_first", lambda *args: None)
+    every = make_plan(p, config=config)
+    monkeypatch.undo()
+    assert "fewer-types" in every.solver and plan.step[0] <= every.step[0] * (1 + 1e-9)
+    options = enumerate_options(p, AnalyticCostModel(p.cluster, p.training))
+    offered = sorted({o.sharding_type.value for opts in options.values() for o in opts})
+    assert len(offered) == 4
+    for size in (1, 2):
+        for types in itertools.combinations(offered, size):
+            try:
+                alone = make_plan(constrain(p, {"tables": [{"match": "*", "schemes": list(types)}]}), config=SolverConfig(time_limit_s=2.0))
+            except InfeasiblePlanError:
+                continue
+            assert alone.step[0] >= plan.step[1] * (1 - 1e-9)
+
+
 def test_the_plan_is_never_a_longer_step_than_a_greedy_plan_the_types_trials_made():
     """24 tables on 64 ranks, no latency per peer: the types' greedy trials end at fewer types
     (a trial that brings back a type left out before is no descent: kept, the descent went round

@@ -48,26 +48,31 @@ def shard_limited_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOptio
 
 
 def step_lower_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], world_size: int, rank_bound_ms: float,
-                        types_ms: Callable[[Iterable], float]) -> float:
+                        types_ms: Callable[[Iterable], float], proven: Mapping[frozenset, float] | None = None) -> float:
     """A bound on the step the planner minimises (each phase waiting for its busiest rank, plus
     `types_ms`: the fixed cost of the collectives a plan's set of sharding types runs).
 
     A plan using exactly the types U takes at least its busiest rank plus types_ms(U), and its
-    busiest rank is at least `rank_bound_ms` (a bound over all plans) and the shard-limited bound
-    of the options of U alone. The bound is the least of that over every U: each U with the
-    first term alone, single types with both (a single type is where a plan's fixed cost is
-    least, and its own bound can be far above the general one: all data-parallel on two ranks
-    carries every table on both)."""
+    busiest rank is at least `rank_bound_ms` (a bound over all plans), `proven`'s bound for any
+    set of types holding U (a search over those types' options proved it: every plan using types
+    within the set is one of that search's), and the shard-limited bound of U's options alone
+    (one type: all data-parallel on two ranks carries every table on both; two: Criteo-1TB on 8
+    ranks column-wise and data-parallel, 3.7% above every option's). The bound is the least of
+    that over every U; the shard-limited bound, a sweep over the options, only for the sets whose
+    other terms are under the least so far."""
     kinds = {frozenset(o.sharding_type for o in opts) for opts in options_by_table.values()}  # few distinct ones
     types = sorted(frozenset().union(*kinds), key=lambda t: t.value)
-    best = math.inf
+    sets = []  # (bound without the sweep, rank part of it, U)
     for size in range(1, len(types) + 1):
         for subset in itertools.combinations(types, size):
             if not all(kind.intersection(subset) for kind in kinds):
                 continue  # a table with no option of these types: no plan uses exactly them
-            rank_ms = rank_bound_ms
-            if size == 1:
-                only = {t: [o for o in opts if o.sharding_type == subset[0]] for t, opts in options_by_table.items()}
-                rank_ms = max(rank_bound_ms, shard_limited_bound_ms(only, world_size))
-            best = min(best, rank_ms + types_ms(subset))
+            rank_ms = max([rank_bound_ms, *(ms for within, ms in (proven or {}).items() if within.issuperset(subset))])
+            sets.append((rank_ms + types_ms(subset), rank_ms, subset))
+    best = math.inf
+    for without_sweep_ms, rank_ms, subset in sorted(sets, key=lambda s: s[0]):
+        if without_sweep_ms >= best:
+            break
+        only = {t: [o for o in opts if o.sharding_type in subset] for t, opts in options_by_table.items()}
+        best = min(best, without_sweep_ms + max(0.0, shard_limited_bound_ms(only, world_size) - rank_ms))
     return best
