@@ -11,7 +11,7 @@ For every workload, in the same run:
 
     python -m benchmarks.planner_bench [--only NAME ...] [--torchrec-timeout S]
 
-Writes benchmarks/results/planner.json and prints a Markdown table for the README.
+Writes benchmarks/results/planner.json and prints the Markdown table docs/benchmarks.md shows.
 """
 
 from __future__ import annotations
