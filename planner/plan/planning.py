@@ -86,9 +86,9 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
                 search = colocate(enumerate_options(attempt, cost_model), constraints.colocate if constraints else (), rules)
                 options, shortest = types_first(search, problem.cluster, config, start + config.time_limit_s)
                 proven: dict[frozenset, float] = {}  # rank bounds that searches over some types' options proved
-                solution, closed = _search(search, options, shortest, problem.cluster, config, start, proven)
+                solution, closed, first = _search(search, options, shortest, problem.cluster, config, start, proven)
                 solution = fewer_sharding_types(search, problem.cluster, config, solution, closed, start + config.time_limit_s, proven)
-                solution = _no_longer_than(solution, shortest, search, problem.cluster)
+                solution = _no_longer_than(solution, shortest, first, search, problem.cluster)
                 break
             except InfeasiblePlanError:
                 if i == len(attempts) - 1:
@@ -101,11 +101,12 @@ def make_plan(problem: PlanningProblem, cost_model: CostModel | None = None, con
 
 
 def _search(search: Colocated, options: Mapping[str, Sequence[ShardingOption]], shortest: TypeTrial | None, cluster: ClusterSpec,
-            config: SolverConfig, start: float, proven: dict[frozenset, float]) -> tuple[Solution, bool]:
+            config: SolverConfig, start: float, proven: dict[frozenset, float]) -> tuple[Solution, bool, Solution | None]:
     """The search over `options` (types_first's: every option, or those of the types it chose),
-    its plan's bound every option's; and whether it closed its gap. Where types_first tried fewer
-    types without choosing them, those first (`_fewer_types_first`). Each search over some types'
-    options alone records the bound it proved in `proven`."""
+    its plan's bound every option's; whether it closed its gap; and the fewer-types-first search's
+    plan where that was made and not proven (the plan returned is no longer). Where types_first
+    tried fewer types without choosing them, those first (`_fewer_types_first`). Each search over
+    some types' options alone records the bound it proved in `proven`."""
     every_ms = shard_limited_bound_ms(search.options_by_table, cluster.world_size)
 
     def left() -> float:
@@ -113,13 +114,15 @@ def _search(search: Colocated, options: Mapping[str, Sequence[ShardingOption]], 
 
     if options is search.options_by_table:
         first = _fewer_types_first(search, shortest, cluster, config, left(), every_ms, proven) if shortest is not None else None
-        return first or _solve(search, options, cluster, config, left())
+        if first is not None and first[1]:
+            return first[0], True, None
+        return *_solve(search, options, cluster, config, left()), first[0] if first is not None else None
     with progress.bound_at_most(every_ms):  # the restricted solve's bound is its own problem's: the plan's is every option's
         solution, _ = _solve(search, options, cluster, config, left())
     proven[frozenset(shortest.used)] = solution.lower_bound_ms
     bound_ms = bound_of(search.options_by_table, cluster, every_ms, solution.max_rank_ms, config, start + config.time_limit_s)
     solution = replace(solution, lower_bound_ms=bound_ms, method=solution.method + "+types-first")
-    return solution, solution.gap <= config.target_gap
+    return solution, solution.gap <= config.target_gap, None
 
 
 def _solve(search: Colocated, options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec,
@@ -140,17 +143,26 @@ def _solve(search: Colocated, options_by_table: Mapping[str, Sequence[ShardingOp
                    method=solution.method + ("+phases" if changed else "")), solution.gap <= config.target_gap
 
 
-def _no_longer_than(solution: Solution, trial: TypeTrial | None, search: Colocated, cluster: ClusterSpec) -> Solution:
-    """`solution`, or the greedy plan of `types_first`'s trial where that has the shorter step by
-    TYPE_MIN_GAIN. The search minimises the busiest rank and weighs the types' fixed cost and the
-    phases only after a solve that closed its gap, so one that did not close could return a longer
-    step than a plan the planner had made before it, and a longer time limit a longer step (24
-    tables on 64 ranks: 1.044 ms at 1-4 s, where the greedy over two sharding types gave 0.956)."""
-    if trial is None or trial.step_ms >= _step_ms(solution.assignment, cluster) * (1 - TYPE_MIN_GAIN):
-        return solution
-    placed = search.expand(trial.made)
-    return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()),
-                   method="greedy+types-first")
+def _no_longer_than(solution: Solution, trial: TypeTrial | None, first: Solution | None, search: Colocated,
+                    cluster: ClusterSpec) -> Solution:
+    """`solution`, or a plan the planner made before it where that has the shorter step by
+    TYPE_MIN_GAIN: the greedy plan of `types_first`'s trial, or the fewer-types-first search's plan
+    that was not proven (`first`). The search minimises the busiest rank and weighs the types' fixed
+    cost and the phases only after a solve that closed its gap, so one that did not close could return a
+    longer step than a plan made before it, and a longer time limit a longer step (24 tables on 64
+    ranks: 1.044 ms at 1-4 s, where the greedy over two sharding types gave 0.956; bench_embedding_bound
+    on 8 ranks of one node: the search over every option stopped by the wall clock, 47.73 ms, where the
+    fewer-types-first search's plan gave 47.28)."""
+    made = []
+    if trial is not None:
+        placed = search.expand(trial.made)
+        made.append((trial.step_ms, placed, "greedy+types-first"))
+    if first is not None:
+        made.append((_step_ms(first.assignment, cluster), first.assignment, first.method))
+    for step_ms, placed, method in sorted(made, key=lambda m: m[0])[:1]:
+        if step_ms < _step_ms(solution.assignment, cluster) * (1 - TYPE_MIN_GAIN):
+            return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()), method=method)
+    return solution
 
 
 def _step_ms(assignment: Assignment, cluster: ClusterSpec) -> float:
@@ -178,7 +190,8 @@ def _fewer_types_first(search: Colocated, shortest: TypeTrial, cluster: ClusterS
     more could be, and searching every option proves a plan the fewer-types re-solves then
     replace (Criteo-1TB on 8 ranks: 2.3 s on a plan 11% longer than the data-parallel and
     table-wise one). Not tried where even those types' own step bound is above that of the plans
-    using another (by the gap); None where not proven (the search over every option follows).
+    using another (by the gap). Returns its plan (its bound every option's) and whether that is
+    proven (else the search over every option follows), or None where not tried or nothing fitted.
     What it proved stays in `proven`."""
     allowed = frozenset(shortest.used)
     offered = {o.sharding_type for opts in search.options_by_table.values() for o in opts}
@@ -192,10 +205,8 @@ def _fewer_types_first(search: Colocated, shortest: TypeTrial, cluster: ClusterS
     except InfeasiblePlanError:  # their greedy plan fitted; should the search's not, every option's may
         return None
     proven[allowed] = solution.lower_bound_ms
-    step_ms = _step_ms(solution.assignment, cluster)
-    if not closed or step_ms > _step_bound_ms(search.options_by_table, cluster, every_ms, proven) * (1 + config.target_gap):
-        return None
-    return replace(solution, lower_bound_ms=every_ms, method=solution.method + "+types-first"), True
+    proof = closed and _step_ms(solution.assignment, cluster) <= _step_bound_ms(search.options_by_table, cluster, every_ms, proven) * (1 + config.target_gap)
+    return replace(solution, lower_bound_ms=every_ms, method=solution.method + "+types-first"), proof
 
 
 @dataclass(frozen=True)
