@@ -104,9 +104,9 @@ def _search(search: Colocated, options: Mapping[str, Sequence[ShardingOption]], 
             config: SolverConfig, start: float, proven: dict[frozenset, float]) -> tuple[Solution, bool, Solution | None]:
     """The search over `options` (types_first's: every option, or those of the types it chose),
     its plan's bound every option's; whether it closed its gap; and the fewer-types-first search's
-    plan where that was made and not proven (the plan returned is no longer). Where types_first
-    tried fewer types without choosing them, those first (`_fewer_types_first`). Each search over
-    some types' options alone records the bound it proved in `proven`."""
+    plan where that was made and not proven (the plan returned is no longer a step than it).
+    Where types_first tried fewer types without choosing them, those first (`_fewer_types_first`).
+    Each search over some types' options alone records the bound it proved in `proven`."""
     every_ms = shard_limited_bound_ms(search.options_by_table, cluster.world_size)
 
     def left() -> float:
@@ -159,10 +159,12 @@ def _no_longer_than(solution: Solution, trial: TypeTrial | None, first: Solution
         made.append((trial.step_ms, placed, "greedy+types-first"))
     if first is not None:
         made.append((_step_ms(first.assignment, cluster), first.assignment, first.method))
-    for step_ms, placed, method in sorted(made, key=lambda m: m[0])[:1]:
-        if step_ms < _step_ms(solution.assignment, cluster) * (1 - TYPE_MIN_GAIN):
-            return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()), method=method)
-    return solution
+    if not made:
+        return solution
+    step_ms, placed, method = min(made, key=lambda m: m[0])
+    if step_ms >= _step_ms(solution.assignment, cluster) * (1 - TYPE_MIN_GAIN):
+        return solution
+    return replace(solution, assignment=placed, max_rank_ms=float(RankLoads.of(placed, cluster.world_size).ms.max()), method=method)
 
 
 def _step_ms(assignment: Assignment, cluster: ClusterSpec) -> float:
