@@ -175,7 +175,7 @@ def _step_ms(assignment: Assignment, cluster: ClusterSpec) -> float:
 
 
 def _step_bound_ms(options_by_table: Mapping[str, Sequence[ShardingOption]], cluster: ClusterSpec, rank_bound_ms: float,
-                   proven: Mapping[frozenset, float] | None = None) -> float:
+                   proven: Mapping[frozenset, float]) -> float:
     """A bound on the step of every plan over these options (bounds.step_lower_bound_ms), given a
     bound on their busiest rank and those searches over some types' options proved."""
     return step_lower_bound_ms(options_by_table, cluster.world_size, rank_bound_ms, lambda types: sharding_types_ms(types, cluster),
@@ -256,7 +256,7 @@ def leave_types_out(used: Counter, step_ms: float, trial: Callable[[set], TypeTr
 
 
 def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: SolverConfig, solution: Solution, closed: bool,
-                         deadline_s: float, proven: dict[frozenset, float] | None = None) -> Solution:
+                         deadline_s: float, proven: dict[frozenset, float]) -> Solution:
     """Each sharding type a plan uses runs collectives of its own (three embedding collectives
     per sharded type, an all-reduce for the replicated tables), a fixed cost on every rank that
     no shard carries (cost_model.sharding_types_ms), so the solver does not weigh it.
@@ -273,7 +273,8 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
     (its options' step bound no shorter than the best step) is skipped: Criteo-1TB on 64 ranks
     skipped two of 1.7 s each. The bound stays the first solve's: a valid bound on every plan's
     busiest rank. A re-solve's phases are balanced by exchanges alone: CP-SAT's rounds took
-    0.3 s a re-solve of 100 tables on 8 ranks and shortened no step of the planner benchmark's."""
+    0.3 s a re-solve of 100 tables on 8 ranks and shortened no step of the planner benchmark's.
+    Each re-solve's bound goes into `proven` (its types' plans), which also skips re-solves."""
     if not closed:
         return solution
     began = time.monotonic()
@@ -301,8 +302,7 @@ def fewer_sharding_types(search: Colocated, cluster: ClusterSpec, config: Solver
                 made = _solve(search, options, cluster, resolve, deadline_s - time.monotonic(), rounds=False)  # its budget; the limit's ceiling
         except InfeasiblePlanError:
             return None
-        if proven is not None:
-            proven[frozenset(allowed)] = max(proven.get(frozenset(allowed), 0.0), made[0].lower_bound_ms)
+        proven[frozenset(allowed)] = max(proven.get(frozenset(allowed), 0.0), made[0].lower_bound_ms)
         return TypeTrial(_step_ms(made[0].assignment, cluster), _types_used(made[0].assignment.choice.values()), made)
 
     def kept(t: TypeTrial) -> bool:
