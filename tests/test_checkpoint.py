@@ -73,6 +73,26 @@ def test_a_view_into_a_larger_buffer_is_saved_as_its_own_bytes_and_loads_back_eq
     assert written < buffer.nbytes * 1.25  # the whole buffer once (its clone), the views only as large as they are
 
 
+def test_the_round_trip_probe_saves_hashes_verifies_and_loads_through_dcp_and_leaves_the_directory_as_it_was(tmp_path, monkeypatch):
+    """What a move's cost per GiB is first priced by: the checkpoint path itself, in the job's
+    checkpoint directory, whose checkpoints it leaves alone."""
+    from dlrm_scale.training import checkpoint as ck
+
+    kept = tmp_path / "step_000000010"
+    kept.mkdir()
+    (kept / "meta.json").write_text("{}")
+    hashed, loaded, sha256, dcp_load = [], [], ck._sha256, ck.dcp_load
+    monkeypatch.setattr(ck, "_sha256", lambda path: hashed.append(path.name) or sha256(path))
+    monkeypatch.setattr(ck, "dcp_load", lambda state, path, no_dist=False: loaded.append(state["probe"].nbytes) or dcp_load(state, path, no_dist))
+    s_per_gib = ck.round_trip_s_per_gib(tmp_path, 4 << 20)
+    assert 0 < s_per_gib < 1e3
+    written = sorted(set(hashed))
+    assert ".metadata" in written and any(n.endswith(".distcp") for n in written)
+    assert sorted(hashed) == sorted(written * 2)  # each file hashed at the save and again at the load
+    assert loaded == [4 << 20]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["step_000000010", "step_000000010/meta.json"]
+
+
 def test_resume_is_bitwise_for_every_scheme(tmp_path):
     full = run_on_ranks(_train, 2, str(tmp_path / "full"), str(tmp_path / "ck_full"), 6, False, 3)
     run_on_ranks(_train, 2, str(tmp_path / "part"), str(tmp_path / "ck"), 3, False, 0)

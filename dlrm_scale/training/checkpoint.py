@@ -276,20 +276,49 @@ class _OwnBytesPlanner(DefaultSavePlanner):
         return data
 
 
-def dcp_save(state: dict, path: Path) -> None:
+def dcp_save(state: dict, path: Path, no_dist: bool = False) -> None:
     """DCP's save without torch.save's CRC-32 of each record: the manifest's SHA-256 of every
-    file is what verifies a checkpoint, and the CRC is another pass over its bytes."""
+    file is what verifies a checkpoint, and the CRC is another pass over its bytes. `no_dist`:
+    this process alone, whatever the process group."""
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
-        dcp.save(state, checkpoint_id=str(path), planner=_OwnBytesPlanner())
+        dcp.save(state, checkpoint_id=str(path), planner=_OwnBytesPlanner(), no_dist=no_dist)
     finally:
         torch.serialization.set_crc32_options(crc)
 
 
-def dcp_load(state: dict, path: Path) -> None:
+def dcp_load(state: dict, path: Path, no_dist: bool = False) -> None:
     """DCP's load, through the allow-list reader and the weights-only planner."""
-    dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner())
+    dcp.load(state, storage_reader=_SafeReader(str(path)), planner=_SafePlanner(), no_dist=no_dist)
+
+
+ROUND_TRIP_PROBE_BYTES = 128 << 20
+
+
+def round_trip_s_per_gib(directory: Path, probe_bytes: int = ROUND_TRIP_PROBE_BYTES) -> float:
+    """Seconds per GiB of state that a checkpoint in `directory` takes to save, hash, verify and
+    load back, from `probe_bytes` sent through that same path by this process alone: what a move
+    through a checkpoint costs per GiB of the model, besides rebuilding the job. The probe's
+    memory is fresh, as the pages a save writes and a rebuilt model loads into are: on a machine
+    that backs memory at its first touch (a VM's), those pages cost more than the disk does."""
+    probe = directory / ".round_trip_probe"
+    shutil.rmtree(probe, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = torch.empty(probe_bytes // 4).uniform_()
+    loaded = {"probe": torch.empty_like(saved)}
+    started = time.perf_counter()
+    try:
+        dcp_save({"probe": saved}, probe, no_dist=True)
+        files = [probe / name for name in _files(probe)]
+        digests = [_sha256(f) for f in files]  # the save's manifest
+        if [_sha256(f) for f in files] != digests:  # the load's verification
+            raise CheckpointError(f"{probe} changed while it was read back: the disk of {directory} cannot be trusted")
+        dcp_load(loaded, probe, no_dist=True)
+        seconds = time.perf_counter() - started
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return seconds * (1 << 30) / probe_bytes
 
 
 # ---- save and choose -------------------------------------------------------------------------

@@ -25,8 +25,6 @@ predicted gain over the steps left outweighs what moving costs.
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -56,37 +54,15 @@ POOLING_NAMED = 0.25  # a table whose measured pooling factor is this far from i
 class MoveCost:
     """What a move costs, in seconds: the job rebuilt under the new plan (`rebuild_s`, first its
     own build, less setting initial weights, which a move loads) and its state saved and loaded
-    through a checkpoint (`s_per_gib` of the model: first the checkpoint folder's disk measured,
-    `disk_s_per_gib`, then what the last move took)."""
+    through a checkpoint (`s_per_gib` of the model: first a probe of that round trip in the
+    checkpoint directory, dlrm_scale.training.checkpoint.round_trip_s_per_gib, then what the
+    last move took)."""
 
     rebuild_s: float
     s_per_gib: float
 
     def seconds(self, model_gib: float) -> float:
         return self.rebuild_s + self.s_per_gib * model_gib
-
-
-PROBE_BYTES = 64 << 20
-
-
-def disk_s_per_gib(directory: Path) -> float:
-    """Seconds to write a GiB to `directory` (to the disk: fsync) and read it back, from a
-    PROBE_BYTES file; what a checkpoint's save and load take per GiB, at least."""
-    directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / ".disk_probe"
-    block = os.urandom(1 << 20)
-    start = time.perf_counter()
-    with open(probe, "wb") as f:
-        for _ in range(PROBE_BYTES >> 20):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    with open(probe, "rb") as f:
-        while f.read(1 << 24):
-            pass
-    seconds = time.perf_counter() - start
-    probe.unlink()
-    return seconds * ((1 << 30) / PROBE_BYTES)
 
 
 @dataclass(frozen=True)

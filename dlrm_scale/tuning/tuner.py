@@ -27,7 +27,8 @@ from dlrm_scale.bridge.broadcast import broadcast_text
 from dlrm_scale.run_config import RetuneConfig
 from dlrm_scale.training.host_group import host_group
 from dlrm_scale.tools.runs import MeasuredRun
-from dlrm_scale.tuning.decide import Decision, MoveCost, decide, disk_s_per_gib
+from dlrm_scale.training.checkpoint import round_trip_s_per_gib
+from dlrm_scale.tuning.decide import Decision, MoveCost, decide
 from planner.plan.document import Plan
 from planner.spec.errors import PlannerError
 from planner.spec.specs import GIB
@@ -57,8 +58,8 @@ class Tuner:
         refused move, see move_refused, the plan in use is watched as before.)"""
         self._warm_until, self._decide_at, self._off = step + self.config.warmup_steps, None, 0
         if self._moving is None:
-            if self.cost is None and self.rank == 0:  # only rank 0 decides, so only it measures the disk
-                self.cost = MoveCost(build_s, disk_s_per_gib(self.checkpoint_dir))
+            if self.cost is None and self.rank == 0:  # only rank 0 decides, so only it measures a checkpoint's round trip
+                self.cost = MoveCost(build_s, round_trip_s_per_gib(self.checkpoint_dir))
             return None
         moved, model_gib = self._moving["moved_bytes"], self._moving["model_gib"]
         total = time.monotonic() - self._moving["began"]
