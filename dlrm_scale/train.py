@@ -114,17 +114,21 @@ def train_under_plans(run: RunConfig, plan: Plan, device: torch.device, rank: in
     """Train `run` under `plan` and, each time the tuner moves the job, on under the new plan from
     the checkpoint of the step it stopped at; yields each trainer as it starts (a caller keeps
     none past the next: a trainer that stopped for a move is let go, and the next one is built in
-    the memory its tables held, not beside them). OUT_DIR/plan.json is the plan the job trains under."""
+    the memory its tables held, not beside them). The batches a trainer made before its loop go
+    on to the next (a step's batch does not depend on the plan). OUT_DIR/plan.json is the plan
+    the job trains under."""
     from dlrm_scale.training.trainer import Trainer
 
     if rank == 0:
         plan.save(out_dir / "plan.json")
+    held = None
     while True:
-        trainer = Trainer(run, plan, device, rank, world, out_dir, data_path=data_path, resume=resume, tuner=tuner)
+        trainer = Trainer(run, plan, device, rank, world, out_dir, data_path=data_path, resume=resume, tuner=tuner, held=held)
         yield trainer
         trainer.run()
         if trainer.next_plan is None:
             return
+        held = trainer.held
         why = None
         try:
             check_plan_runs(trainer.next_plan, run, device.type, [rank])

@@ -103,6 +103,32 @@ def test_a_run_that_fits_the_budget_is_made_before_the_loop_else_streamed():
     assert not made and [b.labels.tolist() for b in streamed] == [data.batch(s).labels.tolist() for s in range(10)]
 
 
+def test_batches_made_before_the_loop_are_held_and_a_later_start_goes_on_from_them():
+    """A job that moves to another plan goes on from the batches it made (they do not depend on
+    the plan): none is made again, and those it trained on are let go."""
+    from planner.spec.specs import TableSpec
+    from dlrm_scale.training.data import SyntheticData
+    from dlrm_scale.training.prefetch import HeldBatches, batch_source
+
+    data = SyntheticData([TableSpec("t", 1000, 8, 3.0)], 4, 64, seed=0, rank=0)
+
+    def labels(batches) -> list:
+        return [b.labels.tolist() for b in batches]
+
+    def never_made():
+        raise AssertionError("a batch held was made again")
+        yield
+
+    held = HeldBatches()
+    with batch_source(data.batches(0, 10), 10, 1, 0, held=held) as batches:
+        trained = [next(batches) for _ in range(5)]  # a pipeline takes batches ahead of the step it stops at
+    with batch_source(never_made(), 7, 1, 0, held=held, first_step=3) as batches:
+        assert labels(batches) == [data.batch(s).labels.tolist() for s in range(3, 10)]
+    assert held.first == 3 and labels(trained[:3]) == [data.batch(s).labels.tolist() for s in range(3)]
+    with batch_source(data.batches(2, 8), 8, 1, 0, held=held, first_step=2) as batches:  # before what it holds: made
+        assert labels(batches) == [data.batch(s).labels.tolist() for s in range(2, 10)]
+
+
 def test_phase_laps_add_up_and_skipped_time_counts_nowhere():
     from dlrm_scale.run_record import PHASES
     from dlrm_scale.training.phases import PhaseTimer

@@ -285,6 +285,7 @@ def _train(rank, world, out_dir, move_to, start="table_wise@2", die_mid_move=Fal
     from dlrm_scale.run_config import CheckpointConfig, ModelConfig, RetuneConfig, TrainConfig
     from dlrm_scale.train import train_under_plans
     from dlrm_scale.training import trainer as trainer_module
+    from dlrm_scale.training.data import SyntheticData
     from dlrm_scale.tuning.tuner import Tuner
     from tests.conftest import run_config
 
@@ -321,10 +322,19 @@ def _train(rank, world, out_dir, move_to, start="table_wise@2", die_mid_move=Fal
         before.append(weakref.ref(self))
 
     trainer_module.Trainer.__init__ = built_alone
+    made, make = [], SyntheticData.batch
+
+    def counted(self, step):  # the training batches (the held-out data has another seed)
+        if self.seed == SEED:
+            made.append(step)
+        return make(self, step)
+
+    SyntheticData.batch = counted
     plans = []
     for trainer in train_under_plans(run, plan_of(start), torch.device("cpu"), rank, world, out, None, resume, tuner):
         plans.append(trainer.plan.tables)
         del trainer  # as the CLI keeps none
+    (out / f"batches_made_rank{rank}.json").write_text(json.dumps(made))
     return plans
 
 
@@ -344,6 +354,8 @@ def test_a_move_reshards_through_a_checkpoint_and_the_model_goes_on_as_if_it_nev
         plans = run_on_ranks(_train, 2, str(d), move_to)
         metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         losses[move_to] = _losses(d)
+        for rank in (0, 1):  # each step's batch made once: the trainer after a move goes on from the batches made before it
+            assert sorted(json.loads((d / f"batches_made_rank{rank}.json").read_text())) == list(range(STEPS))
         if move_to:
             assert [p == plan_of(n).tables for p, n in zip(plans, ("table_wise@2", kept))] == [True, True]
             reshards = [m for m in metrics if "reshard" in m]

@@ -16,7 +16,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from torchrec.datasets.utils import Batch
 
@@ -75,28 +75,57 @@ def batch_bytes(batch: Batch) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def materialise(source: Iterator[Batch], num_steps: int, budget_bytes: int) -> tuple[Iterator[Batch], bool]:
-    """Every one of the `num_steps` batches made now, when the first one times `num_steps` fits
-    in `budget_bytes`; otherwise the source as it was (nothing lost). Says which."""
+def materialise(source: Iterator[Batch], num_steps: int, budget_bytes: int) -> tuple[Iterable[Batch], bool]:
+    """Every one of the `num_steps` batches made now (a list), when the first one times
+    `num_steps` fits in `budget_bytes`; otherwise the source as it was (nothing lost). Says which."""
     first = next(source, None)
     if first is None:
-        return iter(()), True
+        return [], True
     if batch_bytes(first) * num_steps > budget_bytes:
         return itertools.chain([first], source), False
-    return iter([first, *source]), True
+    return [first, *source], True
+
+
+class HeldBatches:
+    """The batches a job made before its loop, from step `first` to its last. A step's batch
+    depends on the seed, the rank and the step, never on the plan, so a job that moves to
+    another plan (dlrm_scale.tuning) goes on from these instead of making the rest again."""
+
+    def __init__(self) -> None:
+        self.first, self._batches = 0, []
+
+    def covers(self, first: int, count: int) -> bool:
+        return bool(self._batches) and self.first <= first and first + count == self.first + len(self._batches)
+
+    def keep(self, first: int, batches: list[Batch]) -> Iterator[Batch]:
+        self.first, self._batches = first, batches
+        return iter(batches)
+
+    def since(self, step: int) -> Iterator[Batch]:
+        """The batches of `step` on; those before it, trained on, are let go."""
+        self._batches, self.first = self._batches[step - self.first:], step
+        return iter(self._batches)
 
 
 @contextlib.contextmanager
-def batch_source(batches: Iterator[Batch], count: int, materialise_mib: int, prefetch_batches: int, rank: int = 0):
-    """`count` batches made before the loop where they fit `materialise_mib` per rank, else
-    `prefetch_batches` ahead by a worker thread (stopped on exit), else inline."""
-    held = False
+def batch_source(batches: Iterator[Batch], count: int, materialise_mib: int, prefetch_batches: int, rank: int = 0,
+                 held: HeldBatches | None = None, first_step: int = 0):
+    """`count` batches from `first_step` on: taken from `held` where it covers them (a trainer
+    before this one made them); else made before the loop where they fit `materialise_mib` per
+    rank (and kept in `held`), else `prefetch_batches` ahead by a worker thread (stopped on exit),
+    else inline."""
+    if held is not None and held.covers(first_step, count):
+        yield held.since(first_step)
+        return
+    made = False
     if materialise_mib:
         started = time.perf_counter()
-        batches, held = materialise(batches, count, materialise_mib << 20)
-        if held and rank == 0:
-            print(f"rank 0: made the run's {count} batches in {time.perf_counter() - started:.1f} s", flush=True)
-    if held or not prefetch_batches:
+        batches, made = materialise(batches, count, materialise_mib << 20)
+        if made:
+            if rank == 0:
+                print(f"rank 0: made the run's {count} batches in {time.perf_counter() - started:.1f} s", flush=True)
+            batches = held.keep(first_step, batches) if held is not None else iter(batches)
+    if made or not prefetch_batches:
         yield batches
         return
     prefetcher = Prefetcher(batches, prefetch_batches)

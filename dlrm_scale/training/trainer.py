@@ -22,7 +22,7 @@ from dlrm_scale.training.data import feature_name
 from dlrm_scale.training.metrics import MetricsLog, PoolingMeter, WindowReport
 from dlrm_scale.training.phases import step_runner
 from dlrm_scale.training.preemption import Preemption
-from dlrm_scale.training.prefetch import batch_source
+from dlrm_scale.training.prefetch import HeldBatches, batch_source
 from dlrm_scale.training.resume import NO_BAD_STEP, Checkpoints
 from planner.plan.document import Plan
 
@@ -32,7 +32,7 @@ class Trainer:
     with a checkpoint of that step and `next_plan` set: the job goes on under that plan."""
 
     def __init__(self, run: RunConfig, plan: Plan, device: torch.device, rank: int, world: int, out_dir: Path,
-                 data_path: str | None = None, resume: bool = False, tuner=None) -> None:
+                 data_path: str | None = None, resume: bool = False, tuner=None, held: HeldBatches | None = None) -> None:
         began = time.monotonic()
         train = self.config = run.train
         self.plan, self.device, self.rank, self.world, self.resume = plan, device, rank, world, resume
@@ -57,6 +57,7 @@ class Trainer:
         self.preemption = Preemption(out_dir, rank)
         self.step = 0  # the step in progress, for a line that names it
         self.tuner, self.next_plan, self.stopped_at = tuner, None, 0
+        self.held = held or HeldBatches()  # the batches made before the loop: a trainer after a move goes on from them
         self.build_s = time.monotonic() - began - parts.initialise_s  # as a move rebuilds it: loading its tables instead
 
     def run(self) -> None:
@@ -91,7 +92,7 @@ class Trainer:
             self.synced_at = start_step
         count = cfg.steps - start_step
         with batch_source(self.data.batches(start_step, count), count, cfg.materialise_mib, cfg.prefetch_batches,
-                          self.rank) as batches:
+                          self.rank, self.held, start_step) as batches:
             self._loop(start_step, self.pooling.counting(batches))
 
     def _loop(self, start_step: int, batches) -> None:
