@@ -92,6 +92,16 @@ def test_the_round_trip_probe_saves_hashes_verifies_and_loads_through_dcp_and_le
     assert loaded == [4 << 20]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["step_000000010", "step_000000010/meta.json"]
 
+    def full(state, path, no_dist=False):
+        path.mkdir()
+        (path / "part").write_bytes(b"x")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "dcp_save", full)
+    with pytest.raises(CheckpointError, match=f"checkpoint directory {tmp_path}: 4 MiB .*No space left.*free space there"):
+        ck.round_trip_s_per_gib(tmp_path, 4 << 20)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000000010"]  # the probe's partial files removed
+
 
 def test_resume_is_bitwise_for_every_scheme(tmp_path):
     full = run_on_ranks(_train, 2, str(tmp_path / "full"), str(tmp_path / "ck_full"), 6, False, 3)

@@ -313,9 +313,16 @@ def round_trip_s_per_gib(directory: Path, probe_bytes: int = ROUND_TRIP_PROBE_BY
         files = [probe / name for name in _files(probe)]
         digests = [_sha256(f) for f in files]  # the save's manifest
         if [_sha256(f) for f in files] != digests:  # the load's verification
-            raise CheckpointError(f"{probe} changed while it was read back: the disk of {directory} cannot be trusted")
+            raise CheckpointError(f"checkpoint directory {directory}: a file changed while it was read back; choose another "
+                                  f"--checkpoint-dir")
         dcp_load(loaded, probe, no_dist=True)
         seconds = time.perf_counter() - started
+    except LOAD_ERRORS as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"checkpoint directory {directory}: {probe_bytes >> 20} MiB of a move's checkpoint could not be "
+                              f"written and read back ({first_line(e)}); free space there, choose another --checkpoint-dir "
+                              f"or drop --retune") from None
     finally:
         shutil.rmtree(probe, ignore_errors=True)
     return seconds * (1 << 30) / probe_bytes
