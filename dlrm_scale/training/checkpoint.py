@@ -317,9 +317,7 @@ def round_trip_s_per_gib(directory: Path, probe_bytes: int = ROUND_TRIP_PROBE_BY
                                   f"--checkpoint-dir")
         dcp_load(loaded, probe, no_dist=True)
         seconds = time.perf_counter() - started
-    except LOAD_ERRORS as e:
-        if isinstance(e, CheckpointError):
-            raise
+    except (OSError, dcp.api.CheckpointException) as e:  # DCP reports a failed write as its CheckpointException
         raise CheckpointError(f"checkpoint directory {directory}: {probe_bytes >> 20} MiB of a move's checkpoint could not be "
                               f"written and read back ({first_line(e)}); free space there, choose another --checkpoint-dir "
                               f"or drop --retune") from None
